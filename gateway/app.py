@@ -1,0 +1,201 @@
+"""The gateway as one ASGI application: lifespan builds every long-lived part; each request goes
+settings/policy → auth → route → (rewrite → pool → proxy) → record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from gateway.admin import policies_view
+from gateway.asgi_io import ClientDisconnected, Receive, Scope, Send, send_body, send_error
+from gateway.auth import AuthFailure, authenticate, authorize, check_path, presented_key
+from gateway.errors import Forbidden, GatewayError, NotFound, openai_error_body
+from gateway.log import get_logger
+from gateway.metrics import GatewayMetrics
+from gateway.policy.loader import KeyGrant, PolicySet, load_policy_set
+from gateway.policy.reloader import PolicyHolder
+from gateway.proxy import Proxy
+from gateway.record import Exchange, record
+from gateway.routes import FORWARDED_KINDS, ROUTES, Kind, RouteSpec
+from gateway.settings import Settings
+from gateway.tasks import TaskSupervisor
+from gateway.upstream import new_session
+
+log = get_logger(__name__)
+UNMATCHED_ROUTE = "unmatched"
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class MethodNotAllowed(GatewayError):
+    status_code = 405
+
+
+@dataclass
+class State:
+    """Everything built in lifespan and shared by requests."""
+
+    holder: PolicyHolder
+    metrics: GatewayMetrics
+    session: aiohttp.ClientSession
+    proxy: Proxy
+    tasks: TaskSupervisor
+    ready: bool = True
+
+
+class GatewayApp:
+    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
+        if settings.salt_secret is None:
+            raise ValueError("KVGATE_SALT_SECRET is required")
+        self.settings = settings
+        self.secret = settings.salt_secret.get_secret_value().encode()
+        self.metrics = GatewayMetrics(registry or CollectorRegistry())
+        self._state: State | None = None
+
+    @property
+    def state(self) -> State:
+        if self._state is None:
+            raise RuntimeError("the gateway has not started")
+        return self._state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        else:
+            await send({"type": "websocket.close", "code": 1008})
+
+    # -- lifespan ---------------------------------------------------------------------------------
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        await receive()
+        try:
+            self._state = await self._startup()
+        except Exception as error:
+            log.error("startup_failed", error=str(error))
+            await send({"type": "lifespan.startup.failed", "message": str(error)})
+            return
+        await send({"type": "lifespan.startup.complete"})
+        await receive()
+        await self._shutdown(self.state)
+        await send({"type": "lifespan.shutdown.complete"})
+
+    async def _startup(self) -> State:
+        policies = load_policy_set(Path(self.settings.policies))
+        holder = PolicyHolder(Path(self.settings.policies), policies, self.metrics)
+        session = new_session(self.settings.upstream_connections, self.settings.connect_timeout_s,
+                              self.settings.read_timeout_s)
+        tasks = TaskSupervisor("gateway")
+        tasks.spawn(holder.watch(self.settings.reload_interval_s), "policy-watch")
+        _on_sighup(holder.request_reload)
+        log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants))
+        return State(holder, self.metrics, session, Proxy(session, self.secret), tasks)
+
+    async def _shutdown(self, state: State) -> None:
+        state.ready = False
+        _on_sighup(None)
+        await state.tasks.close()
+        await state.session.close()
+        log.info("gateway_stopped")
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = self.state
+        ex = Exchange(request_id=uuid.uuid4().hex, route=UNMATCHED_ROUTE, started=time.perf_counter())
+        try:
+            await self._serve(state, ex, scope, receive, send)
+        except GatewayError as error:
+            await self._refuse(state, ex, error, send)
+        except ClientDisconnected:
+            ex.status, ex.outcome = 499, "client_disconnected"
+        finally:
+            ex.duration_s = time.perf_counter() - ex.started
+            record(state.metrics, ex)
+
+    async def _refuse(self, state: State, ex: Exchange, error: GatewayError, send: Send) -> None:
+        ex.status, ex.outcome = error.status_code, type(error).__name__
+        if isinstance(error, AuthFailure):
+            state.metrics.auth_failures.labels(error.reason).inc()
+        elif isinstance(error, Forbidden):
+            state.metrics.auth_failures.labels("scope").inc()
+        await send_error(send, error, [(b"x-request-id", ex.request_id.encode())])
+
+    async def _serve(self, state: State, ex: Exchange, scope: Scope, receive: Receive, send: Send) -> None:
+        policies = state.holder.current
+        ex.policy_version = policies.version
+        raw_path = scope.get("raw_path") or scope["path"].encode()
+        public = raw_path.decode("latin-1") in policies.gateway.public_paths
+        grant = None if public else authenticate(presented_key(scope["headers"]), policies)
+        check_path(raw_path)
+        route = _route(raw_path, scope["method"])
+        ex.route = route.path
+        if grant is not None:
+            authorize(grant, route)
+            ex.tenant = grant.tenant
+        await self._dispatch(state, policies, grant, route, ex, scope, receive, send)
+
+    async def _dispatch(
+        self, state: State, policies: PolicySet, grant: KeyGrant | None, route: RouteSpec, ex: Exchange,
+        scope: Scope, receive: Receive, send: Send,
+    ) -> None:
+        if route.kind in FORWARDED_KINDS and grant is not None:
+            tenant = policies.tenants[grant.tenant]
+            await state.proxy.forward(ex, policies, tenant, route, scope, receive, send)
+            return
+        ex.status, body, headers = self._local(state, policies, route, scope)
+        await send_body(send, ex.status, body, [*headers, (b"x-request-id", ex.request_id.encode())])
+
+    def _local(
+        self, state: State, policies: PolicySet, route: RouteSpec, scope: Scope
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        if route.kind is Kind.METRICS:
+            return 200, generate_latest(state.metrics.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())]
+        if route.kind is Kind.HEALTH:
+            return _health(route, state)
+        return _json(*self._admin(state, policies, route))
+
+    def _admin(self, state: State, policies: PolicySet, route: RouteSpec) -> tuple[int, Any]:
+        if route.path == "/admin/policies":
+            return 200, policies_view(policies)
+        if route.path == "/admin/reload":
+            changed = state.holder.reload()
+            return 200, {"reloaded": changed, "policy_version": state.holder.current.version}
+        message = f"{route.path} is not available in this build."
+        return 501, openai_error_body(message, "not_implemented", None, "not_implemented")
+
+
+def _route(raw_path: bytes, method: str) -> RouteSpec:
+    route = ROUTES.get(raw_path.decode("latin-1"))
+    if route is None:
+        raise NotFound("No such route.")
+    if method not in route.methods:
+        raise MethodNotAllowed(f"{method} is not allowed on {route.path}.")
+    return route
+
+
+def _health(route: RouteSpec, state: State) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    ok = route.path == "/livez" or state.ready
+    return _json(200 if ok else 503, {"status": "ok" if ok else "not ready"})
+
+
+def _json(status: int, body: Any) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    return status, msgspec.json.encode(body), JSON_HEADERS
+
+
+def _on_sighup(callback: Any) -> None:
+    loop = asyncio.get_running_loop()
+    if callback is None:
+        loop.remove_signal_handler(signal.SIGHUP)
+    else:
+        loop.add_signal_handler(signal.SIGHUP, callback)

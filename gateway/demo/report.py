@@ -1,0 +1,75 @@
+"""Plain-text tables for the demo's results."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.demo.workload import Sample
+
+
+def quantile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(cell) for cell in header], *[[_cell(cell) for cell in row] for row in rows]]
+    widths = [max(len(row[column]) for row in cells) for column in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in cells]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def traffic_table(samples: list[Sample]) -> str:
+    rows = []
+    for tenant, pool in sorted({(s.tenant, s.pool) for s in samples}):
+        group = [s for s in samples if (s.tenant, s.pool) == (tenant, pool)]
+        ttfts = [s.ttft_s for s in group if s.ttft_s is not None]
+        back = [s.ttft_s for s in group if s.phase == "return" and s.ttft_s is not None]
+        prompt = sum(s.prompt_tokens for s in group)
+        share = f"{100 * sum(s.cached_tokens for s in group) / prompt:.0f} %" if prompt else "-"
+        rows.append([tenant, pool, len(group), _ms(quantile(ttfts, 0.5)), _ms(quantile(ttfts, 0.9)),
+                     _ms(statistics.median(back)) if back else None, share])
+    header = ["tenant", "pool", "requests", "TTFT p50 ms", "TTFT p90 ms", "return p50 ms", "cached share"]
+    return table(header, rows)
+
+
+def retention_table(audit: dict[str, Any]) -> str:
+    rows = []
+    for tenant, media in sorted(audit.get("tenants", {}).items()):
+        for medium, stats in sorted(media.items()):
+            if not isinstance(stats, dict) or "stored" not in stats:
+                continue
+            violations = stats.get("violations", {})
+            rows.append([tenant, medium, stats["stored"], stats["removed"], stats["resident"],
+                         stats.get("lifetime_p50_s"), stats.get("oldest_resident_age_s"),
+                         violations.get("age", 0), violations.get("medium", 0)])
+    header = ["tenant", "medium", "stored", "removed", "resident", "lifetime p50 s", "oldest s",
+              "age viol.", "medium viol."]
+    return table(header, rows)
+
+
+def shadow_table(shadow: dict[str, Any]) -> str:
+    rows = []
+    for tenant, stats in sorted(shadow.get("tenants", {}).items()):
+        ci = stats.get("ttft_delta_ci95_s") or [None, None]
+        rows.append([tenant, stats.get("pairs"), _ms(stats.get("ttft_delta_p50_s")), _ms(stats.get("ttft_delta_p90_s")),
+                     f"[{_cell(_ms(ci[0]))}, {_cell(_ms(ci[1]))}]", stats.get("mismatches"), stats.get("verdict", "")])
+    header = ["tenant", "pairs", "ΔTTFT p50 ms", "ΔTTFT p90 ms", "95% CI ms", "mismatches", "note"]
+    return table(header, rows)

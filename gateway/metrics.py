@@ -1,0 +1,82 @@
+"""The gateway's own Prometheus metrics (contract §4), on an injected registry.
+
+Label values for `tenant` come only from the loaded policy set (plus the ledger's reserved
+`unattributed`), never from request input.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# vLLM's own TTFT buckets, so gateway and engine histograms line up.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
+                    320.0, 640.0, 1280.0)
+OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+_DELTA_STEPS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+DELTA_BUCKETS = tuple(sorted({-step for step in _DELTA_STEPS} | {0.0} | set(_DELTA_STEPS)))
+LIFETIME_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0, 604800.0)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._request_metrics(registry)
+        self._shadow_metrics(registry)
+        self._ledger_metrics(registry)
+        self.auth_failures = Counter(
+            "kvgate_auth_failures", "Requests refused for a missing, malformed or unknown key, or a scope.",
+            ["reason"], registry=registry)
+        self.policy_reloads = Counter(
+            "kvgate_policy_reloads", "Policy directory loads by result.", ["result"], registry=registry)
+
+    def _request_metrics(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "kvgate_requests", "Requests answered, by tenant, pool, route and HTTP status.",
+            ["tenant", "pool", "route", "status"], registry=registry)
+        self.ttft = Histogram(
+            "kvgate_ttft_seconds", "Arrival at the gateway to the first SSE event with generated content.",
+            ["tenant", "pool", "route"], buckets=TTFT_BUCKETS, registry=registry)
+        self.duration = Histogram(
+            "kvgate_request_duration_seconds", "Arrival at the gateway to the last byte sent.",
+            ["tenant", "pool", "route"], buckets=DURATION_BUCKETS, registry=registry)
+        self.overhead = Histogram(
+            "kvgate_overhead_seconds", "Time the gateway itself adds before upstream and before replying.",
+            ["route"], buckets=OVERHEAD_BUCKETS, registry=registry)
+        self.prompt_tokens = Counter(
+            "kvgate_prompt_tokens", "Prompt tokens reported by upstream usage.", ["tenant", "pool"],
+            registry=registry)
+        self.cached_prompt_tokens = Counter(
+            "kvgate_cached_prompt_tokens", "Prompt tokens upstream served from cache (GPU or offload tier).",
+            ["tenant", "pool"], registry=registry)
+
+    def _shadow_metrics(self, registry: CollectorRegistry) -> None:
+        self.shadow_requests = Counter(
+            "kvgate_shadow_requests", "Shadow requests by outcome (compared, dropped, error).",
+            ["tenant", "outcome"], registry=registry)
+        self.shadow_ttft_delta = Histogram(
+            "kvgate_shadow_ttft_delta_seconds", "TTFT(primary) - TTFT(shadow) per compared pair.",
+            ["tenant"], buckets=DELTA_BUCKETS, registry=registry)
+        self.shadow_mismatches = Counter(
+            "kvgate_shadow_mismatches", "Deterministic pairs whose generated text differed.", ["tenant"],
+            registry=registry)
+
+    def _ledger_metrics(self, registry: CollectorRegistry) -> None:
+        self.blocks_stored = Counter(
+            "kvgate_kv_blocks_stored", "KV blocks newly stored, by tenant and medium.", ["tenant", "medium"],
+            registry=registry)
+        self.blocks_removed = Counter(
+            "kvgate_kv_blocks_removed", "KV blocks removed, by tenant and medium.", ["tenant", "medium"],
+            registry=registry)
+        self.block_lifetime = Histogram(
+            "kvgate_kv_block_lifetime_seconds", "Lifetime of removed KV blocks.", ["tenant", "medium"],
+            buckets=LIFETIME_BUCKETS, registry=registry)
+        self.blocks_resident = Gauge(
+            "kvgate_kv_blocks_resident", "KV blocks currently resident.", ["tenant", "medium"], registry=registry)
+        self.retention_violations = Counter(
+            "kvgate_retention_violations", "Blocks found violating retention (age) or allowed media.",
+            ["tenant", "kind"], registry=registry)
+        self.kv_event_gaps = Counter(
+            "kvgate_kv_event_gaps", "KV-event batches missed and not recovered by replay.", ["source"],
+            registry=registry)

@@ -1,0 +1,1 @@
+"""Policy files: their models, loading and hot reload."""

@@ -1,0 +1,136 @@
+"""Pydantic models of the policy directory (contract §2). Pure data, no I/O."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Scope = Literal["inference", "metrics", "admin"]
+Medium = Literal["GPU", "CPU", "STORAGE"]
+RESERVED_TENANT = "unattributed"
+TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+DEFAULT_MEDIA: tuple[Medium, ...] = ("GPU", "CPU")
+PUBLIC_CAPABLE_PATHS = frozenset({"/livez", "/readyz", "/metrics"})
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KvEventSource(Strict):
+    endpoint: str
+    replay: str | None = None
+
+
+class PoolConfig(Strict):
+    upstreams: list[str] = Field(min_length=1)
+    api_key_env: str | None = None
+    kv_events: list[str | KvEventSource] = Field(default_factory=list)
+
+    @field_validator("upstreams")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"upstream {url!r} must start with http:// or https://")
+        return [url.rstrip("/") for url in urls]
+
+
+class GatewayConfig(Strict):
+    pools: dict[str, PoolConfig] = Field(min_length=1)
+    default_pool: str
+    public_paths: list[str] = Field(default_factory=list)
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
+
+    @field_validator("public_paths")
+    @classmethod
+    def _only_local_paths(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if path not in PUBLIC_CAPABLE_PATHS:
+                raise ValueError(f"{path!r} cannot be public; only {sorted(PUBLIC_CAPABLE_PATHS)} can")
+        return paths
+
+    @model_validator(mode="after")
+    def _default_pool_exists(self) -> GatewayConfig:
+        if self.default_pool not in self.pools:
+            raise ValueError(f"default_pool {self.default_pool!r} is not one of the pools")
+        return self
+
+
+class KeyEntry(Strict):
+    sha256: str
+    scopes: list[Scope] = Field(min_length=1)
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex_digest(cls, value: str) -> str:
+        if not SHA256_HEX.match(value):
+            raise ValueError("must be 64 lowercase hex characters (the output of `kvgate keys hash`)")
+        return value
+
+
+class CachePolicy(Strict):
+    isolation: Literal["tenant", "user", "none"] = "tenant"
+    salt_epoch: int = Field(default=1, ge=0)
+    client_salt: Literal["reject", "replace"] = "reject"
+
+
+class OffloadPolicy(Strict):
+    max_load_tokens: int | None = Field(default=None, ge=0)
+    max_offload_tokens: int | None = Field(default=None, ge=0)
+    retention_seconds: float | None = Field(default=None, gt=0)
+    allowed_media: list[Medium] = Field(default_factory=lambda: list(DEFAULT_MEDIA))
+
+
+class RolloutPolicy(Strict):
+    pool: str | None = None
+    percent: float = Field(default=100.0, ge=0, le=100)
+    else_pool: str | None = None
+    sticky: Literal["user", "request"] = "user"
+    user_header: str | None = None
+
+    @model_validator(mode="after")
+    def _else_pool_when_split(self) -> RolloutPolicy:
+        if self.percent < 100 and self.else_pool is None:
+            raise ValueError("else_pool is required when percent is below 100")
+        return self
+
+
+class ShadowPolicy(Strict):
+    pool: str | None = None
+    sample: float = Field(default=0.0, ge=0, le=1)
+    max_in_flight: int = Field(default=4, ge=0)
+
+    @model_validator(mode="after")
+    def _pool_when_sampling(self) -> ShadowPolicy:
+        if self.sample > 0 and self.pool is None:
+            raise ValueError("pool is required when sample is above 0")
+        return self
+
+
+class TenantPolicy(Strict):
+    tenant: str
+    keys: list[KeyEntry] = Field(default_factory=list)
+    cache: CachePolicy = Field(default_factory=CachePolicy)
+    offload: OffloadPolicy = Field(default_factory=OffloadPolicy)
+    rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
+    shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
+    measure_ttft: bool = False
+
+    @field_validator("tenant")
+    @classmethod
+    def _valid_name(cls, name: str) -> str:
+        if name == RESERVED_TENANT:
+            raise ValueError(f"{RESERVED_TENANT!r} is reserved for blocks that match no tenant")
+        if not TENANT_NAME.match(name):
+            raise ValueError("must be lowercase letters, digits, '-' or '_' (at most 63), starting alphanumeric")
+        return name
+
+    def referenced_pools(self) -> list[tuple[str, str]]:
+        """(field, pool) pairs this tenant names, for cross-checking against gateway.yaml."""
+        named = [("rollout.pool", self.rollout.pool), ("rollout.else_pool", self.rollout.else_pool)]
+        named.append(("shadow.pool", self.shadow.pool))
+        return [(field, pool) for field, pool in named if pool is not None]

@@ -1,0 +1,213 @@
+"""The request path for forwarded routes: body → rewrite → pool → upstream → relay to the client.
+
+Streams are relayed chunk by chunk as they arrive; the only per-chunk work is a byte scan for the
+first generated content (TTFT) and for the usage event. A client that goes away cancels the relay,
+which closes the upstream connection, so upstream stops generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from gateway.asgi_io import (
+    JSON_TYPE,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    send_body,
+    start_message,
+    wait_disconnect,
+)
+from gateway.assemble import StreamAssembler
+from gateway.errors import UnsupportedMediaType, openai_error_body
+from gateway.policy.loader import PolicySet
+from gateway.policy.model import TenantPolicy
+from gateway.record import Exchange
+from gateway.rewrite import RewrittenRequest, parse_json_object, rewrite_request
+from gateway.rollout import choose_pool
+from gateway.routes import Kind, RouteSpec
+from gateway.sse import StreamWatch, usage_from_body
+from gateway.upstream import open_upstream, pick_upstream, upstream_errors, upstream_headers
+
+STREAM_FAILURES = (aiohttp.ClientError, TimeoutError)
+RESPONSES_PATH = "/v1/responses"
+
+
+@dataclass(frozen=True)
+class Outbound:
+    """One prepared upstream request."""
+
+    method: str
+    url: str
+    headers: dict[str, str]
+    body: bytes | None
+    prepared: RewrittenRequest | None
+
+
+class Proxy:
+    def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes) -> None:
+        self.session = session
+        self.salt_secret = salt_secret
+
+    async def forward(
+        self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
+        scope: Scope, receive: Receive, send: Send,
+    ) -> None:
+        outbound = await self._outbound(ex, policies, tenant, route, scope, receive)
+        relay = self._relay(ex, route, outbound, send)
+        if await until_disconnect(relay, receive):
+            ex.outcome = "client_disconnected"
+            ex.status = ex.status or 499
+
+    async def _outbound(
+        self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
+        scope: Scope, receive: Receive,
+    ) -> Outbound:
+        body = await self._body(scope, receive, route, policies)
+        prepared = self._prepare(body, route, tenant, scope)
+        ex.pool = choose_pool(policies, tenant, prepared.user if prepared else None, ex.request_id)
+        pool = policies.gateway.pools[ex.pool]
+        ex.upstream = pick_upstream(pool, tenant.tenant)
+        query = scope.get("query_string", b"")
+        url = f"{ex.upstream}{route.path}" + (f"?{query.decode('latin-1')}" if query else "")
+        headers = upstream_headers(scope["headers"], ex.pool, pool, ex.request_id)
+        sent_body = prepared.body if prepared is not None else body
+        return Outbound(scope["method"], url, headers, sent_body if scope["method"] == "POST" else None, prepared)
+
+    async def _body(self, scope: Scope, receive: Receive, route: RouteSpec, policies: PolicySet) -> bytes:
+        if scope["method"] != "POST":
+            return b""
+        content_type = (header(scope, b"content-type") or b"").split(b";")[0].strip().lower()
+        if content_type != JSON_TYPE:
+            raise UnsupportedMediaType("The request body must be JSON (Content-Type: application/json).")
+        return await read_body(scope, receive, policies.gateway.max_body_bytes)
+
+    def _prepare(self, body: bytes, route: RouteSpec, tenant: TenantPolicy, scope: Scope) -> RewrittenRequest | None:
+        if route.kind is Kind.FORWARD:
+            if scope["method"] == "POST":
+                parse_json_object(body)
+            return None
+        user_header = tenant.rollout.user_header
+        header_user = header(scope, user_header.lower().encode()) if user_header else None
+        user = header_user.decode("latin-1") if header_user else None
+        return rewrite_request(body, route, tenant, self.salt_secret, user)
+
+    async def _relay(self, ex: Exchange, route: RouteSpec, outbound: Outbound, send: Send) -> None:
+        ex.overhead_s = time.perf_counter() - ex.started
+        with upstream_errors(ex.pool):
+            response = await open_upstream(self.session, outbound.method, outbound.url, outbound.headers,
+                                           outbound.body)
+        try:
+            await self._relay_response(ex, route, outbound, response, send)
+        except BaseException:
+            response.close()
+            raise
+        response.release()
+
+    async def _relay_response(
+        self, ex: Exchange, route: RouteSpec, outbound: Outbound, response: aiohttp.ClientResponse, send: Send
+    ) -> None:
+        ex.status = response.status
+        prepared = outbound.prepared
+        if response.status != 200 or prepared is None or not prepared.upstream_stream:
+            await self._relay_whole(ex, route, response, send)
+        elif prepared.assemble:
+            await self._relay_assembled(ex, route, response, send)
+        else:
+            await self._relay_stream(ex, route, prepared, response, send)
+
+    def _headers(self, ex: Exchange, response: aiohttp.ClientResponse, received: float) -> list[tuple[bytes, bytes]]:
+        ex.overhead_s += time.perf_counter() - received
+        content_type = response.headers.get("content-type", "application/json")
+        return [
+            (b"content-type", content_type.encode("latin-1")),
+            (b"x-request-id", ex.request_id.encode()),
+            (b"x-kvgate-pool", ex.pool.encode()),
+            (b"x-kvgate-overhead-ms", f"{ex.overhead_s * 1000:.3f}".encode()),
+        ]
+
+    async def _relay_whole(self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send) -> None:
+        with upstream_errors(ex.pool):
+            body = await response.read()
+        received = time.perf_counter()
+        if response.status == 200 and route.kind is Kind.GENERATE:
+            ex.usage = _body_usage(body)
+        await send_body(send, response.status, body, self._headers(ex, response, received))
+
+    async def _relay_stream(
+        self, ex: Exchange, route: RouteSpec, prepared: RewrittenRequest, response: aiohttp.ClientResponse,
+        send: Send,
+    ) -> None:
+        await send(start_message(200, self._headers(ex, response, time.perf_counter())))
+        watch = StreamWatch(prepared.strip_usage)
+        try:
+            async for chunk in response.content.iter_any():
+                forward, first = watch.feed(chunk)
+                if first:
+                    ex.ttft_s = time.perf_counter() - ex.started
+                if forward:
+                    await send({"type": "http.response.body", "body": forward, "more_body": True})
+            tail = watch.flush()
+        except STREAM_FAILURES as error:
+            ex.outcome = "upstream_failed_mid_stream"
+            tail = stream_error_event(route.path, f"Upstream stream failed: {type(error).__name__}.")
+        ex.usage = watch.usage
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _relay_assembled(
+        self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send
+    ) -> None:
+        watch = StreamWatch(strip_usage=False)
+        assembler = StreamAssembler(chat=route.path == "/v1/chat/completions")
+        with upstream_errors(ex.pool):
+            async for chunk in response.content.iter_any():
+                if watch.feed(chunk)[1]:
+                    ex.ttft_s = time.perf_counter() - ex.started
+                assembler.feed(chunk)
+        received = time.perf_counter()
+        ex.usage = watch.usage
+        status, body = assembler.result()
+        ex.status = status
+        headers = [(b"content-type", JSON_TYPE), *self._headers(ex, response, received)[1:]]
+        await send_body(send, status, msgspec.json.encode(body), headers)
+
+
+def _body_usage(body: bytes) -> Any:
+    try:
+        parsed = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    return usage_from_body(parsed) if isinstance(parsed, dict) else None
+
+
+def stream_error_event(path: str, message: str) -> bytes:
+    error = msgspec.json.encode(openai_error_body(message, "upstream_error", None, 502))
+    if path == RESPONSES_PATH:
+        return b"event: error\ndata: " + error + b"\n\n"
+    return b"data: " + error + b"\n\ndata: [DONE]\n\n"
+
+
+async def until_disconnect(work: Coroutine[Any, Any, None], receive: Receive) -> bool:
+    """Run `work`; if the client disconnects first, cancel it. True when the client went away."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            work_task = group.create_task(work)
+            watcher = group.create_task(wait_disconnect(receive))
+            await asyncio.wait((work_task, watcher), return_when=asyncio.FIRST_COMPLETED)
+            gone = watcher.done() and not work_task.done()
+            if gone:
+                work_task.cancel()
+            else:
+                watcher.cancel()
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return gone

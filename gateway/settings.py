@@ -1,0 +1,28 @@
+"""Process settings from `KVGATE_*` environment variables (pydantic-settings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Settings of one gateway process. Command-line flags override these in `cli.py`."""
+
+    model_config = SettingsConfigDict(env_prefix="KVGATE_", extra="ignore")
+
+    policies: Path = Path("policies")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    salt_secret: SecretStr | None = None
+    redis_url: str | None = None
+    state_path: Path = Path("kvgate-state.sqlite3")
+    log_format: Literal["json", "console"] = "json"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    read_timeout_s: float = Field(default=300.0, gt=0)
+    upstream_connections: int = Field(default=1024, ge=1)
+    reload_interval_s: float = Field(default=1.0, gt=0)

@@ -1,0 +1,44 @@
+"""Owned background tasks: every task is named, referenced until done, and awaited on close."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+from gateway.log import get_logger
+
+log = get_logger(__name__)
+
+
+class TaskSupervisor:
+    """Holds strong references to its tasks (the loop keeps only weak ones) and reaps them on close."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=f"{self.name}:{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._reap)
+        return task
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def _reap(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background_task_failed", task=task.get_name(), error=repr(task.exception()))
+
+    async def drain(self) -> None:
+        """Wait for running tasks to finish on their own."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Cancel every task and wait until all have ended."""
+        for task in list(self._tasks):
+            task.cancel()
+        await self.drain()

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: system packages the tests start (redis-server, prometheus),
+# the project in .venv, lint and type gates, then pytest (which also installs and starts a real vLLM
+# CPU build for the real-vLLM tier, cached outside the repo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_packages=()
+command -v redis-server >/dev/null || need_packages+=(redis-server)
+command -v promtool >/dev/null || need_packages+=(prometheus)
+if ((${#need_packages[@]})); then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing system packages: ${need_packages[*]} (install them, or run as root)" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_packages[@]}" >/dev/null
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test]'
+
+.venv/bin/ruff check .
+.venv/bin/ruff format --check . >/dev/null 2>&1 || echo "note: ruff format would reformat some files"
+.venv/bin/mypy
+.venv/bin/python -m pytest "$@"

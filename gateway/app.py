@@ -28,6 +28,8 @@ from gateway.proxy import Proxy
 from gateway.record import Exchange, record
 from gateway.routes import FORWARDED_KINDS, ROUTES, Kind, RouteSpec
 from gateway.settings import Settings
+from gateway.shadow.runner import ShadowRunner
+from gateway.shadow.store import ShadowStore, open_shadow_store
 from gateway.tasks import TaskSupervisor
 from gateway.upstream import new_session
 
@@ -49,6 +51,8 @@ class State:
     session: aiohttp.ClientSession
     proxy: Proxy
     tasks: TaskSupervisor
+    shadow: ShadowRunner
+    shadow_store: ShadowStore
     ready: bool = True
 
 
@@ -98,13 +102,19 @@ class GatewayApp:
         tasks = TaskSupervisor("gateway")
         tasks.spawn(holder.watch(self.settings.reload_interval_s), "policy-watch")
         _on_sighup(holder.request_reload)
+        shadow_store = open_shadow_store(self.settings.redis_url, self.settings.state_path)
+        shadow = ShadowRunner(session, self.metrics, shadow_store, TaskSupervisor("shadow"),
+                              self.settings.shadow_timeout_s)
         log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants))
-        return State(holder, self.metrics, session, Proxy(session, self.secret), tasks)
+        proxy = Proxy(session, self.secret, shadow)
+        return State(holder, self.metrics, session, proxy, tasks, shadow, shadow_store)
 
     async def _shutdown(self, state: State) -> None:
         state.ready = False
         _on_sighup(None)
         await state.tasks.close()
+        await state.shadow.tasks.close()
+        await state.shadow_store.close()
         await state.session.close()
         log.info("gateway_stopped")
 
@@ -153,21 +163,23 @@ class GatewayApp:
             tenant = policies.tenants[grant.tenant]
             await state.proxy.forward(ex, policies, tenant, route, scope, receive, send)
             return
-        ex.status, body, headers = self._local(state, policies, route, scope)
+        ex.status, body, headers = await self._local(state, policies, route)
         await send_body(send, ex.status, body, [*headers, (b"x-request-id", ex.request_id.encode())])
 
-    def _local(
-        self, state: State, policies: PolicySet, route: RouteSpec, scope: Scope
+    async def _local(
+        self, state: State, policies: PolicySet, route: RouteSpec
     ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         if route.kind is Kind.METRICS:
             return 200, generate_latest(state.metrics.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())]
         if route.kind is Kind.HEALTH:
             return _health(route, state)
-        return _json(*self._admin(state, policies, route))
+        return _json(*await self._admin(state, policies, route))
 
-    def _admin(self, state: State, policies: PolicySet, route: RouteSpec) -> tuple[int, Any]:
+    async def _admin(self, state: State, policies: PolicySet, route: RouteSpec) -> tuple[int, Any]:
         if route.path == "/admin/policies":
             return 200, policies_view(policies)
+        if route.path == "/admin/shadow":
+            return 200, await state.shadow.report(policies)
         if route.path == "/admin/reload":
             changed = state.holder.reload()
             return 200, {"reloaded": changed, "policy_version": state.holder.current.version}

@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_policy(commands)
     _add_keys(commands)
     _add_sim(commands)
+    _add_shadow(commands)
     _add_demo(commands)
     return parser
 
@@ -99,6 +100,12 @@ def _add_sim(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     sim.set_defaults(command=sim_cli.run)
 
 
+def _add_shadow(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.shadow import cli as shadow_cli
+
+    shadow_cli.add_arguments(commands.add_parser("shadow", help="shadow A/B reports"))
+
+
 def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = commands.add_parser("demo", help="simulated offload + control servers, gateway, workload, report")
     demo.set_defaults(command=_demo)
@@ -107,4 +114,5 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 def _demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
 
-    return run_demo()
+    result: int = run_demo()
+    return result

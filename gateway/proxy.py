@@ -35,7 +35,9 @@ from gateway.record import Exchange
 from gateway.rewrite import RewrittenRequest, parse_json_object, rewrite_request
 from gateway.rollout import choose_pool
 from gateway.routes import Kind, RouteSpec
-from gateway.sse import StreamWatch, usage_from_body
+from gateway.shadow.compare import ArmResult, generated_text
+from gateway.shadow.runner import PrimarySlot, ShadowCall, ShadowRunner
+from gateway.sse import StreamWatch, usage_from_json
 from gateway.upstream import open_upstream, pick_upstream, upstream_errors, upstream_headers
 
 STREAM_FAILURES = (aiohttp.ClientError, TimeoutError)
@@ -54,19 +56,41 @@ class Outbound:
 
 
 class Proxy:
-    def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes) -> None:
+    def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, shadow: ShadowRunner | None) -> None:
         self.session = session
         self.salt_secret = salt_secret
+        self.shadow = shadow
 
     async def forward(
         self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
         scope: Scope, receive: Receive, send: Send,
     ) -> None:
         outbound = await self._outbound(ex, policies, tenant, route, scope, receive)
-        relay = self._relay(ex, route, outbound, send)
-        if await until_disconnect(relay, receive):
-            ex.outcome = "client_disconnected"
-            ex.status = ex.status or 499
+        slot = self._mirror(ex, policies, tenant, route, outbound)
+        try:
+            if await until_disconnect(self._relay(ex, route, outbound, send), receive):
+                ex.outcome = "client_disconnected"
+                ex.status = ex.status or 499
+        finally:
+            if slot is not None:
+                slot.set(primary_result(ex))
+
+    def _mirror(
+        self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec, outbound: Outbound
+    ) -> PrimarySlot | None:
+        prepared = outbound.prepared
+        if self.shadow is None or prepared is None or route.kind is not Kind.GENERATE:
+            return None
+        if not self.shadow.sampled(tenant, ex.request_id, ex.pool):
+            return None
+        shadow_id = f"{ex.request_id}-shadow"
+        call = ShadowCall(tenant=tenant.tenant, primary_pool=ex.pool, path=route.path, request_id=shadow_id,
+                          headers={**outbound.headers, "x-request-id": shadow_id}, body=prepared.body,
+                          streamed=prepared.upstream_stream, deterministic=prepared.deterministic)
+        slot = self.shadow.mirror(policies, tenant, call)
+        if slot is not None:
+            ex.capture = bytearray()
+        return slot
 
     async def _outbound(
         self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
@@ -102,7 +126,8 @@ class Proxy:
         return rewrite_request(body, route, tenant, self.salt_secret, user)
 
     async def _relay(self, ex: Exchange, route: RouteSpec, outbound: Outbound, send: Send) -> None:
-        ex.overhead_s = time.perf_counter() - ex.started
+        ex.sent_at = time.perf_counter()
+        ex.overhead_s = ex.sent_at - ex.started
         with upstream_errors(ex.pool):
             response = await open_upstream(self.session, outbound.method, outbound.url, outbound.headers,
                                            outbound.body)
@@ -139,8 +164,10 @@ class Proxy:
         with upstream_errors(ex.pool):
             body = await response.read()
         received = time.perf_counter()
+        if ex.capture is not None:
+            ex.capture += body
         if response.status == 200 and route.kind is Kind.GENERATE:
-            ex.usage = _body_usage(body)
+            ex.usage = usage_from_json(body)
         await send_body(send, response.status, body, self._headers(ex, response, received))
 
     async def _relay_stream(
@@ -156,6 +183,8 @@ class Proxy:
                     ex.ttft_s = time.perf_counter() - ex.started
                 if forward:
                     await send({"type": "http.response.body", "body": forward, "more_body": True})
+                if ex.capture is not None:
+                    ex.capture += chunk
             tail = watch.flush()
         except STREAM_FAILURES as error:
             ex.outcome = "upstream_failed_mid_stream"
@@ -173,6 +202,8 @@ class Proxy:
                 if watch.feed(chunk)[1]:
                     ex.ttft_s = time.perf_counter() - ex.started
                 assembler.feed(chunk)
+                if ex.capture is not None:
+                    ex.capture += chunk
         received = time.perf_counter()
         ex.usage = watch.usage
         status, body = assembler.result()
@@ -181,12 +212,14 @@ class Proxy:
         await send_body(send, status, msgspec.json.encode(body), headers)
 
 
-def _body_usage(body: bytes) -> Any:
-    try:
-        parsed = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+def primary_result(ex: Exchange) -> ArmResult | None:
+    """The primary arm of a shadow pair, timed from its upstream send like the shadow arm."""
+    if ex.capture is None or ex.sent_at == 0.0 or ex.outcome != "ok":
         return None
-    return usage_from_body(parsed) if isinstance(parsed, dict) else None
+    ttft = None if ex.ttft_s is None else ex.ttft_s - (ex.sent_at - ex.started)
+    cached = ex.usage.cached_tokens if ex.usage is not None else None
+    duration = time.perf_counter() - ex.sent_at
+    return ArmResult(ex.request_id, ex.status, ttft, duration, cached, generated_text(bytes(ex.capture)))
 
 
 def stream_error_event(path: str, message: str) -> bytes:

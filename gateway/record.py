@@ -29,6 +29,8 @@ class Exchange:
     usage: Usage | None = None
     outcome: str = "ok"
     policy_version: str = ""
+    sent_at: float = 0.0  # when the upstream request left (perf_counter)
+    capture: bytearray | None = None  # the primary's reply bytes, kept only for shadowed requests
     extra: dict[str, object] = field(default_factory=dict)
 
 

@@ -26,3 +26,4 @@ class Settings(BaseSettings):
     read_timeout_s: float = Field(default=300.0, gt=0)
     upstream_connections: int = Field(default=1024, ge=1)
     reload_interval_s: float = Field(default=1.0, gt=0)
+    shadow_timeout_s: float = Field(default=120.0, gt=0)

@@ -41,6 +41,14 @@ def usage_from_body(body: dict[str, Any]) -> Usage | None:
     )
 
 
+def usage_from_json(body: bytes) -> Usage | None:
+    try:
+        parsed = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    return usage_from_body(parsed) if isinstance(parsed, dict) else None
+
+
 def _int(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 

@@ -31,7 +31,7 @@ class DemoStack:
 
 
 def _sim_argv(port: int, events_port: int, upstream_key: str, offload: bool) -> list[str]:
-    argv = kvgate_command("sim", "--port", str(port), "--api-key", upstream_key, "--gpu-blocks", GPU_BLOCKS,
+    argv = kvgate_command("sim", "--port", str(port), f"--api-key={upstream_key}", "--gpu-blocks", GPU_BLOCKS,
                           "--kv-events-endpoint", f"tcp://*:{events_port}",
                           "--kv-events-replay-endpoint", f"tcp://*:{events_port + 1}")
     return [*argv, "--offload", "--cpu-bytes-to-use", CPU_TIER_BYTES] if offload else argv

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import httpx
 
 MODEL = "sim-model"
-PREFIX_WORDS = 1500
+PREFIX_TOKENS = 1500  # the simulator's tokenizer is byte-level: one token per byte
 USERS = ("ann", "bo", "cy", "di", "ed", "flo")
 CONCURRENCY = 4
 
@@ -35,7 +35,8 @@ class Sample:
 
 
 def prefix(tenant: str, index: int) -> str:
-    return " ".join(f"{tenant}-doc{index}-w{word}" for word in range(PREFIX_WORDS))
+    words = " ".join(f"{tenant}-doc{index}-w{word}" for word in range(PREFIX_TOKENS // 8))
+    return words[:PREFIX_TOKENS]
 
 
 def plan(tenants: list[str]) -> list[list[Step]]:

@@ -1,0 +1,162 @@
+"""Mirror sampled requests to the shadow pool without touching the primary, then compare the pair.
+
+The shadow call is an owned background task: it never delays, changes or fails the primary. Each
+tenant has at most `max_in_flight` shadows; the rest are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from gateway.log import get_logger
+from gateway.metrics import GatewayMetrics
+from gateway.policy.loader import PolicySet
+from gateway.policy.model import TenantPolicy
+from gateway.rollout import draw_percent
+from gateway.shadow.compare import ArmResult, generated_text, pair_record
+from gateway.shadow.stats import tenant_summary
+from gateway.shadow.store import ShadowStore
+from gateway.sse import StreamWatch, usage_from_json
+from gateway.tasks import TaskSupervisor
+from gateway.upstream import pick_upstream, upstream_errors
+
+log = get_logger(__name__)
+
+
+class PrimarySlot:
+    """Where the primary leaves its result for the shadow task to pick up."""
+
+    def __init__(self) -> None:
+        self.result: ArmResult | None = None
+        self._done = asyncio.Event()
+
+    def set(self, result: ArmResult | None) -> None:
+        self.result = result
+        self._done.set()
+
+    async def wait(self, timeout_s: float) -> ArmResult | None:
+        await asyncio.wait_for(self._done.wait(), timeout_s)
+        return self.result
+
+
+@dataclass(frozen=True)
+class ShadowCall:
+    """The mirrored request: the primary's rewritten body (same salt, same caps), its own request id."""
+
+    tenant: str
+    primary_pool: str
+    path: str
+    request_id: str
+    headers: dict[str, str]
+    body: bytes
+    streamed: bool
+    deterministic: bool
+    shadow_pool: str = ""
+    url: str = ""
+
+    @property
+    def pools(self) -> tuple[str, str]:
+        return self.primary_pool, self.shadow_pool
+
+
+class ShadowRunner:
+    def __init__(self, session: aiohttp.ClientSession, metrics: GatewayMetrics, store: ShadowStore,
+                 tasks: TaskSupervisor, timeout_s: float) -> None:
+        self.session = session
+        self.metrics = metrics
+        self.store = store
+        self.tasks = tasks
+        self.timeout_s = timeout_s
+        self._in_flight: dict[str, int] = {}
+
+    def sampled(self, tenant: TenantPolicy, request_id: str, primary_pool: str) -> bool:
+        shadow = tenant.shadow
+        if shadow.pool is None or shadow.pool == primary_pool or shadow.sample <= 0:
+            return False
+        return draw_percent(f"shadow:{request_id}") < shadow.sample * 100
+
+    def mirror(self, policies: PolicySet, tenant: TenantPolicy, call: ShadowCall) -> PrimarySlot | None:
+        """Start the shadow of a sampled request; None when the tenant's shadows are all in flight."""
+        if self._in_flight.get(tenant.tenant, 0) >= tenant.shadow.max_in_flight:
+            self._count(tenant.tenant, "dropped")
+            return None
+        shadow_pool = tenant.shadow.pool or ""
+        url = pick_upstream(policies.gateway.pools[shadow_pool], tenant.tenant) + call.path
+        shadow_call = dataclasses.replace(call, shadow_pool=shadow_pool, url=url)
+        slot = PrimarySlot()
+        self._in_flight[tenant.tenant] = self._in_flight.get(tenant.tenant, 0) + 1
+        self.tasks.spawn(self._run(shadow_call, slot), f"shadow-{shadow_call.request_id}")
+        return slot
+
+    async def _run(self, call: ShadowCall, slot: PrimarySlot) -> None:
+        try:
+            shadow = await asyncio.wait_for(self._call(call), self.timeout_s)
+            primary = await slot.wait(self.timeout_s)
+            await self._settle(call, primary, shadow)
+        except Exception as error:  # a shadow must never take anything down; it is counted and logged
+            log.warning("shadow_failed", tenant=call.tenant, request_id=call.request_id, error=type(error).__name__)
+            self._count(call.tenant, "error")
+        finally:
+            self._in_flight[call.tenant] -= 1
+
+    async def _settle(self, call: ShadowCall, primary: ArmResult | None, shadow: ArmResult) -> None:
+        if primary is None or primary.status != 200 or shadow.status != 200:
+            log.warning("shadow_pair_incomplete", tenant=call.tenant, request_id=call.request_id,
+                        primary_status=primary.status if primary else None, shadow_status=shadow.status)
+            self._count(call.tenant, "error")
+            return
+        pair = pair_record(call.tenant, call.pools, primary, shadow, call.deterministic, time.time())
+        self._count(call.tenant, "compared")
+        if pair.ttft_delta_s is not None:
+            self.metrics.shadow_ttft_delta.labels(call.tenant).observe(pair.ttft_delta_s)
+        if pair.mismatch:
+            self.metrics.shadow_mismatches.labels(call.tenant).inc()
+            log.warning("shadow_output_mismatch", tenant=call.tenant, primary_request_id=primary.request_id,
+                        shadow_request_id=shadow.request_id, pools=list(call.pools))
+        await self.store.add_pair(pair)
+
+    def _count(self, tenant: str, outcome: str) -> None:
+        self.metrics.shadow_requests.labels(tenant, outcome).inc()
+        self.tasks.spawn(self.store.count(tenant, outcome), f"shadow-count-{tenant}")
+
+    async def _call(self, call: ShadowCall) -> ArmResult:
+        started = time.perf_counter()
+        with upstream_errors(call.pools[1]):
+            async with self.session.post(call.url, headers=call.headers, data=call.body) as response:
+                if response.status != 200 or not call.streamed:
+                    body = await response.read()
+                    return _whole_result(call, response.status, body, time.perf_counter() - started)
+                return await _stream_result(call, response, started)
+
+    async def report(self, policies: PolicySet) -> dict[str, Any]:
+        tenants = {name: await self._tenant_report(name) for name in sorted(policies.tenants)}
+        return {"policy_version": policies.version, "tenants": tenants}
+
+    async def _tenant_report(self, tenant: str) -> dict[str, Any]:
+        return tenant_summary(await self.store.pairs(tenant), await self.store.counts(tenant))
+
+
+def _whole_result(call: ShadowCall, status: int, body: bytes, duration_s: float) -> ArmResult:
+    usage = usage_from_json(body) if status == 200 else None
+    cached = usage.cached_tokens if usage else None
+    text = generated_text(body) if status == 200 else None
+    return ArmResult(call.request_id, status, None, duration_s, cached, text)
+
+
+async def _stream_result(call: ShadowCall, response: aiohttp.ClientResponse, started: float) -> ArmResult:
+    watch = StreamWatch(strip_usage=False)
+    captured = bytearray()
+    first: float | None = None
+    async for chunk in response.content.iter_any():
+        if watch.feed(chunk)[1]:
+            first = time.perf_counter() - started
+        captured += chunk
+    cached = watch.usage.cached_tokens if watch.usage else None
+    return ArmResult(call.request_id, 200, first, time.perf_counter() - started, cached, generated_text(bytes(captured)))
+

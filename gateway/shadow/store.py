@@ -1,0 +1,113 @@
+"""Where shadow pairs and counters live: the ledger's SQLite file, or Redis for several replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sqlite3
+import threading
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+import msgspec
+import redis.asyncio as aioredis
+
+from gateway.shadow.compare import PairRecord
+
+KEEP_PAIRS = 5000  # per tenant: enough for stable quantiles, bounded in size
+REDIS_PREFIX = "kvgate:shadow"
+
+
+class ShadowStore(Protocol):
+    async def add_pair(self, pair: PairRecord) -> None: ...
+    async def count(self, tenant: str, outcome: str) -> None: ...
+    async def pairs(self, tenant: str) -> list[PairRecord]: ...
+    async def counts(self, tenant: str) -> dict[str, int]: ...
+    async def close(self) -> None: ...
+
+
+def _encode(pair: PairRecord) -> bytes:
+    return msgspec.json.encode(dataclasses.asdict(pair))
+
+
+def _decode(raw: bytes | str) -> PairRecord:
+    return PairRecord(**msgspec.json.decode(raw))
+
+
+class SqliteShadowStore:
+    """One table of pairs and one of counters; calls run in a worker thread so the loop never blocks."""
+
+    SCHEMA = (
+        "CREATE TABLE IF NOT EXISTS shadow_pairs (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, pair BLOB NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS shadow_pairs_tenant ON shadow_pairs (tenant, id)",
+        "CREATE TABLE IF NOT EXISTS shadow_counts (tenant TEXT NOT NULL, outcome TEXT NOT NULL, "
+        "n INTEGER NOT NULL, PRIMARY KEY (tenant, outcome))",
+    )
+
+    def __init__(self, path: Path) -> None:
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+        self._lock = threading.Lock()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        for statement in self.SCHEMA:
+            self._db.execute(statement)
+
+    def _run(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    async def add_pair(self, pair: PairRecord) -> None:
+        await asyncio.to_thread(self._run, "INSERT INTO shadow_pairs (tenant, pair) VALUES (?, ?)",
+                                (pair.tenant, _encode(pair)))
+
+    async def count(self, tenant: str, outcome: str) -> None:
+        sql = ("INSERT INTO shadow_counts VALUES (?, ?, 1) "
+               "ON CONFLICT (tenant, outcome) DO UPDATE SET n = n + 1")
+        await asyncio.to_thread(self._run, sql, (tenant, outcome))
+
+    async def pairs(self, tenant: str) -> list[PairRecord]:
+        sql = "SELECT pair FROM shadow_pairs WHERE tenant = ? ORDER BY id DESC LIMIT ?"
+        rows = await asyncio.to_thread(self._run, sql, (tenant, KEEP_PAIRS))
+        return [_decode(row[0]) for row in rows]
+
+    async def counts(self, tenant: str) -> dict[str, int]:
+        rows = await asyncio.to_thread(self._run, "SELECT outcome, n FROM shadow_counts WHERE tenant = ?", (tenant,))
+        return {str(outcome): int(n) for outcome, n in rows}
+
+    async def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class RedisShadowStore:
+    """A capped list of pairs and a hash of counters per tenant, shared by every replica."""
+
+    def __init__(self, url: str) -> None:
+        self._redis = aioredis.Redis.from_url(url)
+
+    async def add_pair(self, pair: PairRecord) -> None:
+        key = f"{REDIS_PREFIX}:pairs:{pair.tenant}"
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.lpush(key, _encode(pair))
+            pipe.ltrim(key, 0, KEEP_PAIRS - 1)
+            await pipe.execute()
+
+    async def count(self, tenant: str, outcome: str) -> None:
+        await cast(Awaitable[int], self._redis.hincrby(f"{REDIS_PREFIX}:counts:{tenant}", outcome, 1))
+
+    async def pairs(self, tenant: str) -> list[PairRecord]:
+        raw = await cast(Awaitable[list[bytes]], self._redis.lrange(f"{REDIS_PREFIX}:pairs:{tenant}", 0, KEEP_PAIRS - 1))
+        return [_decode(item) for item in raw]
+
+    async def counts(self, tenant: str) -> dict[str, int]:
+        raw = await cast(Awaitable[dict[bytes, bytes]], self._redis.hgetall(f"{REDIS_PREFIX}:counts:{tenant}"))
+        return {key.decode(): int(value) for key, value in raw.items()}
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+def open_shadow_store(redis_url: str | None, state_path: Path) -> ShadowStore:
+    if redis_url:
+        return RedisShadowStore(redis_url)
+    return SqliteShadowStore(state_path)

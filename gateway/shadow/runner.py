@@ -158,5 +158,6 @@ async def _stream_result(call: ShadowCall, response: aiohttp.ClientResponse, sta
             first = time.perf_counter() - started
         captured += chunk
     cached = watch.usage.cached_tokens if watch.usage else None
-    return ArmResult(call.request_id, 200, first, time.perf_counter() - started, cached, generated_text(bytes(captured)))
+    duration = time.perf_counter() - started
+    return ArmResult(call.request_id, 200, first, duration, cached, generated_text(bytes(captured)))
 

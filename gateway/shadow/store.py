@@ -96,7 +96,8 @@ class RedisShadowStore:
         await cast(Awaitable[int], self._redis.hincrby(f"{REDIS_PREFIX}:counts:{tenant}", outcome, 1))
 
     async def pairs(self, tenant: str) -> list[PairRecord]:
-        raw = await cast(Awaitable[list[bytes]], self._redis.lrange(f"{REDIS_PREFIX}:pairs:{tenant}", 0, KEEP_PAIRS - 1))
+        pending = self._redis.lrange(f"{REDIS_PREFIX}:pairs:{tenant}", 0, KEEP_PAIRS - 1)
+        raw = await cast(Awaitable[list[bytes]], pending)
         return [_decode(item) for item in raw]
 
     async def counts(self, tenant: str) -> dict[str, int]:

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from gateway.admin import policies_view
 from gateway.asgi_io import ClientDisconnected, Receive, Scope, Send, send_body, send_error
 from gateway.auth import AuthFailure, authenticate, authorize, check_path, presented_key
+from gateway.balance import UpstreamHealth
 from gateway.errors import Forbidden, GatewayError, NotFound, openai_error_body
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
@@ -103,10 +104,11 @@ class GatewayApp:
         tasks.spawn(holder.watch(self.settings.reload_interval_s), "policy-watch")
         _on_sighup(holder.request_reload)
         shadow_store = open_shadow_store(self.settings.redis_url, self.settings.state_path)
-        shadow = ShadowRunner(session, self.metrics, shadow_store, TaskSupervisor("shadow"),
+        health = UpstreamHealth()
+        shadow = ShadowRunner(session, self.metrics, shadow_store, TaskSupervisor("shadow"), health,
                               self.settings.shadow_timeout_s)
         log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants))
-        proxy = Proxy(session, self.secret, shadow)
+        proxy = Proxy(session, self.secret, health, shadow)
         return State(holder, self.metrics, session, proxy, tasks, shadow, shadow_store)
 
     async def _shutdown(self, state: State) -> None:

@@ -28,6 +28,7 @@ from gateway.asgi_io import (
     wait_disconnect,
 )
 from gateway.assemble import StreamAssembler
+from gateway.balance import UpstreamHealth
 from gateway.errors import UnsupportedMediaType, openai_error_body
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import TenantPolicy
@@ -38,7 +39,7 @@ from gateway.routes import Kind, RouteSpec
 from gateway.shadow.compare import ArmResult, generated_text
 from gateway.shadow.runner import PrimarySlot, ShadowCall, ShadowRunner
 from gateway.sse import StreamWatch, usage_from_json
-from gateway.upstream import open_upstream, pick_upstream, upstream_errors, upstream_headers
+from gateway.upstream import open_first_reachable, upstream_errors, upstream_headers
 
 STREAM_FAILURES = (aiohttp.ClientError, TimeoutError)
 RESPONSES_PATH = "/v1/responses"
@@ -49,16 +50,19 @@ class Outbound:
     """One prepared upstream request."""
 
     method: str
-    url: str
+    candidates: list[str]  # upstreams of the pool, best first
+    target: str  # path and query
     headers: dict[str, str]
     body: bytes | None
     prepared: RewrittenRequest | None
 
 
 class Proxy:
-    def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, shadow: ShadowRunner | None) -> None:
+    def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, health: UpstreamHealth,
+                 shadow: ShadowRunner | None) -> None:
         self.session = session
         self.salt_secret = salt_secret
+        self.health = health
         self.shadow = shadow
 
     async def forward(
@@ -86,7 +90,8 @@ class Proxy:
         shadow_id = f"{ex.request_id}-shadow"
         call = ShadowCall(tenant=tenant.tenant, primary_pool=ex.pool, path=route.path, request_id=shadow_id,
                           headers={**outbound.headers, "x-request-id": shadow_id}, body=prepared.body,
-                          streamed=prepared.upstream_stream, deterministic=prepared.deterministic)
+                          streamed=prepared.upstream_stream, deterministic=prepared.deterministic,
+                          affinity=prepared.affinity)
         slot = self.shadow.mirror(policies, tenant, call)
         if slot is not None:
             ex.capture = bytearray()
@@ -100,12 +105,12 @@ class Proxy:
         prepared = self._prepare(body, route, tenant, scope)
         ex.pool = choose_pool(policies, tenant, prepared.user if prepared else None, ex.request_id)
         pool = policies.gateway.pools[ex.pool]
-        ex.upstream = pick_upstream(pool, tenant.tenant)
+        candidates = self.health.candidates(pool.upstreams, prepared.affinity if prepared else tenant.tenant)
         query = scope.get("query_string", b"")
-        url = f"{ex.upstream}{route.path}" + (f"?{query.decode('latin-1')}" if query else "")
+        target = route.path + (f"?{query.decode('latin-1')}" if query else "")
         headers = upstream_headers(scope["headers"], ex.pool, pool, ex.request_id)
-        sent_body = prepared.body if prepared is not None else body
-        return Outbound(scope["method"], url, headers, sent_body if scope["method"] == "POST" else None, prepared)
+        sent_body = (prepared.body if prepared is not None else body) if scope["method"] == "POST" else None
+        return Outbound(scope["method"], candidates, target, headers, sent_body, prepared)
 
     async def _body(self, scope: Scope, receive: Receive, route: RouteSpec, policies: PolicySet) -> bytes:
         if scope["method"] != "POST":
@@ -129,8 +134,9 @@ class Proxy:
         ex.sent_at = time.perf_counter()
         ex.overhead_s = ex.sent_at - ex.started
         with upstream_errors(ex.pool):
-            response = await open_upstream(self.session, outbound.method, outbound.url, outbound.headers,
-                                           outbound.body)
+            ex.upstream, response = await open_first_reachable(
+                self.session, self.health, outbound.candidates, outbound.method, outbound.target, outbound.headers,
+                outbound.body)
         try:
             await self._relay_response(ex, route, outbound, response, send)
         except BaseException:

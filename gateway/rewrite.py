@@ -29,6 +29,7 @@ class RewrittenRequest:
     model: str | None
     user: str | None
     deterministic: bool
+    affinity: str  # salt and the start of the prompt: requests sharing both can share cached blocks
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -66,7 +67,29 @@ def rewrite_request(
         model=request.get("model") if isinstance(request.get("model"), str) else None,
         user=user,
         deterministic=_deterministic(request),
+        affinity=f"{request.get('cache_salt', tenant.tenant)}:{prompt_prefix(request)}",
     )
+
+
+AFFINITY_CHARS = 256
+
+
+def prompt_prefix(request: dict[str, Any]) -> str:
+    """The first characters of the prompt, whichever API field carries it."""
+    for field in ("prompt", "messages", "input"):
+        if field in request:
+            return _text_of(request[field])[:AFFINITY_CHARS]
+    return ""
+
+
+def _text_of(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_text_of(item) for item in value[:8])
+    if isinstance(value, dict):
+        return _text_of(value.get("content", ""))
+    return str(value)
 
 
 def _body_user(request: dict[str, Any]) -> str | None:

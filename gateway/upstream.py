@@ -6,15 +6,14 @@ streamed response (measured: loadtests/proxy_overhead.py and ../shared/design/pr
 
 from __future__ import annotations
 
-import asyncio
 import os
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import aiohttp
 
-from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
+from gateway.balance import UpstreamHealth
+from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.policy.model import PoolConfig
 
 # Inbound headers that may travel upstream; everything else (keys, hop-by-hop headers, vLLM steering
@@ -41,11 +40,6 @@ def new_session(connections: int, connect_timeout_s: float, read_timeout_s: floa
     )
 
 
-def pick_upstream(pool: PoolConfig, affinity: str) -> str:
-    """Stable choice within a pool, so one tenant's prefixes keep landing on the same cache."""
-    return pool.upstreams[zlib.crc32(affinity.encode()) % len(pool.upstreams)]
-
-
 def upstream_headers(
     inbound: list[tuple[bytes, bytes]], pool_name: str, pool: PoolConfig, request_id: str
 ) -> dict[str, str]:
@@ -70,5 +64,19 @@ async def open_upstream(
     return await session.request(method, url, headers=headers, data=body, allow_redirects=False)
 
 
-def is_gateway_error(error: BaseException) -> bool:
-    return isinstance(error, GatewayError | asyncio.CancelledError)
+async def open_first_reachable(
+    session: aiohttp.ClientSession, health: UpstreamHealth, candidates: list[str], method: str, target: str,
+    headers: dict[str, str], body: bytes | None,
+) -> tuple[str, aiohttp.ClientResponse]:
+    """Open the request on the first candidate that accepts a connection (nothing was sent to the others)."""
+    for upstream in candidates[:-1]:
+        try:
+            return upstream, await open_upstream(session, method, upstream + target, headers, body)
+        except aiohttp.ClientConnectorError:
+            health.mark_down(upstream)
+    last = candidates[-1]
+    try:
+        return last, await open_upstream(session, method, last + target, headers, body)
+    except aiohttp.ClientConnectorError:
+        health.mark_down(last)
+        raise

@@ -61,7 +61,8 @@ def run_gateway(
 ) -> Iterator[ServerProcess]:
     port = free_port()
     argv = kvgate_command("serve", "--policies", str(policy_dir), "--port", str(port))
-    gateway_env = {"KVGATE_SALT_SECRET": secret, "KVGATE_RELOAD_INTERVAL_S": "0.2", **(env or {})}
+    gateway_env = {"KVGATE_SALT_SECRET": secret, "KVGATE_RELOAD_INTERVAL_S": "0.2",
+                   "KVGATE_STATE_PATH": str(log_path.parent / f"state-{port}.sqlite3"), **(env or {})}
     with run_server(argv, port, log_path, env=gateway_env, ready_path="/livez") as server:
         yield server
 

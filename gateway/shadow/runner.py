@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.balance import UpstreamHealth
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicySet
@@ -24,7 +25,7 @@ from gateway.shadow.stats import tenant_summary
 from gateway.shadow.store import ShadowStore
 from gateway.sse import StreamWatch, usage_from_json
 from gateway.tasks import TaskSupervisor
-from gateway.upstream import pick_upstream, upstream_errors
+from gateway.upstream import upstream_errors
 
 log = get_logger(__name__)
 
@@ -57,6 +58,7 @@ class ShadowCall:
     body: bytes
     streamed: bool
     deterministic: bool
+    affinity: str
     shadow_pool: str = ""
     url: str = ""
 
@@ -67,8 +69,9 @@ class ShadowCall:
 
 class ShadowRunner:
     def __init__(self, session: aiohttp.ClientSession, metrics: GatewayMetrics, store: ShadowStore,
-                 tasks: TaskSupervisor, timeout_s: float) -> None:
+                 tasks: TaskSupervisor, health: UpstreamHealth, timeout_s: float) -> None:
         self.session = session
+        self.health = health
         self.metrics = metrics
         self.store = store
         self.tasks = tasks
@@ -87,7 +90,8 @@ class ShadowRunner:
             self._count(tenant.tenant, "dropped")
             return None
         shadow_pool = tenant.shadow.pool or ""
-        url = pick_upstream(policies.gateway.pools[shadow_pool], tenant.tenant) + call.path
+        upstreams = policies.gateway.pools[shadow_pool].upstreams
+        url = self.health.candidates(upstreams, call.affinity)[0] + call.path
         shadow_call = dataclasses.replace(call, shadow_pool=shadow_pool, url=url)
         slot = PrimarySlot()
         self._in_flight[tenant.tenant] = self._in_flight.get(tenant.tenant, 0) + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +48,9 @@ class Stack:
         return matches[0]
 
 
-def start_sim(log_dir: Path, *extra: str) -> Iterator[ServerProcess]:
+@contextmanager
+def sim_process(log_dir: Path, *extra: str) -> Iterator[ServerProcess]:
+    log_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     argv = kvgate_command("sim", "--port", str(port), "--api-key", UPSTREAM_KEY, *extra)
     with run_server(argv, port, log_dir / f"sim-{port}.log", ready_path="/health") as server:
@@ -68,7 +71,8 @@ def standard_policy(root: Path, sim_url: str) -> PolicyDir:
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    yield from start_sim(tmp_path_factory.mktemp("sim"))
+    with sim_process(tmp_path_factory.mktemp("sim")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

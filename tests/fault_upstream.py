@@ -1,0 +1,66 @@
+"""A deliberately broken upstream for shadow tests, run as a real process:
+`python -m tests.fault_upstream --port P --mode hang|status500|drop`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import uvicorn
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ERROR_BODY = b'{"error":{"message":"broken on purpose","type":"InternalServerError","param":null,"code":500}}'
+CHUNK = b'data: {"id":"cmpl-x","object":"text_completion","choices":[{"index":0,"text":"partial"}]}\n\n'
+
+
+class FaultyUpstream:
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/health":
+            await _reply(send, 200, b"")
+            return
+        await _drain(receive)
+        if self.mode == "status500":
+            await _reply(send, 500, ERROR_BODY)
+        elif self.mode == "drop":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            await send({"type": "http.response.body", "body": CHUNK, "more_body": True})
+            raise ConnectionAbortedError("dropping the stream on purpose")
+        else:
+            await _wait_forever(receive)
+
+
+async def _drain(receive: Receive) -> None:
+    while (await receive()).get("more_body", False):
+        pass
+
+
+async def _wait_forever(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0)
+
+
+async def _reply(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--mode", choices=("hang", "status500", "drop"), required=True)
+    args = parser.parse_args()
+    uvicorn.run(FaultyUpstream(args.mode), host="127.0.0.1", port=args.port, log_level="critical")
+
+
+if __name__ == "__main__":
+    main()

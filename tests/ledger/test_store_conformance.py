@@ -1,0 +1,165 @@
+"""One conformance suite for every ledger store backend (SQLite file, real Redis server)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gateway.kvevents.sequence import Cursor
+from gateway.ledger.base import LedgerStore
+from gateway.ledger.records import (
+    BatchOps,
+    ClearOp,
+    CloseOp,
+    GapRecord,
+    OpenOp,
+    SaltDigestEntry,
+    SourceEvent,
+)
+from gateway.ledger.redis_store import RedisStore
+from gateway.ledger.sqlite_store import SqliteStore
+from tests.ledger.support import Backend
+
+BIG_HASH = (1 << 64) - 5  # uint64 above the signed range
+RAW_HASH = bytes(range(32))  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0
+
+
+async def _open(backend: Backend) -> LedgerStore:
+    if backend.redis_url is not None:
+        return await RedisStore.open(backend.redis_url, prefix=backend.prefix)
+    return await SqliteStore.open(backend.state_path)
+
+
+def _with_store(backend: Backend, body: Callable[[LedgerStore], Awaitable[None]]) -> None:
+    async def run() -> None:
+        store = await _open(backend)
+        try:
+            await body(store)
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+def _batch(seq: int, ts: float, *ops: Any, source: str = "pool/0") -> BatchOps:
+    return BatchOps(source, seq, ts, "v1", list(ops))
+
+
+def _open_op(block_hash: Any, tenant: str = "acme", medium: str = "GPU", at: float = 10.0) -> OpenOp:
+    return OpenOp(medium, block_hash, None, tenant, 1, at)
+
+
+def test_a_batch_applies_once(backend: Backend) -> None:
+    async def body(store: LedgerStore) -> None:
+        batch = _batch(0, 10.0, _open_op(1), _open_op(2))
+        assert await store.apply([batch]) == [True]
+        assert await store.apply([batch, _batch(1, 11.0, _open_op(3))]) == [False, True]
+        assert len(await store.records(None, None)) == 3
+
+    _with_store(backend, body)
+
+
+def test_same_seq_from_a_new_publisher_process_is_a_new_batch(backend: Backend) -> None:
+    async def body(store: LedgerStore) -> None:
+        assert await store.apply([_batch(0, 10.0, _open_op(1))]) == [True]
+        assert await store.apply([_batch(0, 99.0, _open_op(2))]) == [True]
+        assert await store.cursors() == {"pool/0": Cursor(0, 99.0)}
+
+    _with_store(backend, body)
+
+
+def test_open_close_semantics(backend: Backend) -> None:
+    async def body(store: LedgerStore) -> None:
+        await store.apply([_batch(0, 10.0, _open_op(1), _open_op(1), CloseOp("GPU", 404, 11.0))])
+        await store.apply([_batch(1, 12.0, CloseOp("GPU", 1, 12.0), _open_op(1, at=13.0))])
+        records = sorted(await store.records(None, None), key=lambda r: r.stored_at)
+        assert [(r.stored_at, r.removed_at, r.closed_by) for r in records] == [(10.0, 12.0, "removed"),
+                                                                              (13.0, None, None)]
+        assert records[0].policy_version == "v1" and records[0].epoch == 1
+
+    _with_store(backend, body)
+
+
+def test_hashes_round_trip(backend: Backend) -> None:
+    async def body(store: LedgerStore) -> None:
+        await store.apply([_batch(0, 10.0, _open_op(BIG_HASH), _open_op(RAW_HASH), _open_op(7, medium="CPU"))])
+        opened = {(block.medium, block.block_hash) for block in await store.open_blocks()}
+        assert opened == {("GPU", BIG_HASH), ("GPU", RAW_HASH), ("CPU", 7)}
+        await store.apply([_batch(1, 11.0, CloseOp("GPU", BIG_HASH, 11.0), CloseOp("GPU", RAW_HASH, 11.0))])
+        assert {block.block_hash for block in await store.open_blocks()} == {7}
+
+    _with_store(backend, body)
+
+
+def test_clear_respects_media_and_the_new_process_boundary(backend: Backend) -> None:
+    async def body(store: LedgerStore) -> None:
+        await store.apply([_batch(0, 10.0, _open_op(1), _open_op(2, medium="CPU"), _open_op(3, at=20.0))])
+        await store.apply([_batch(1, 21.0, ClearOp(("GPU",), None, 21.0, "cleared"), _open_op(4, at=21.0))])
+        assert {b.block_hash for b in await store.open_blocks()} == {2, 4}
+        restart = ClearOp(None, 21.0, 30.0, "restart")  # blocks stored at 21.0 belong to the new process
+        await store.apply([_batch(-1, 21.0, restart)])
+        await store.apply([_batch(-1, 21.0, restart)])  # a second replica learning the same restart
+        assert {b.block_hash for b in await store.open_blocks()} == {4}
+        assert await store.source_events() == [SourceEvent("pool/0", "restart", 21.0, 30.0, 1)]
+        closed = sorted((r.medium, r.stored_at, r.closed_by) for r in await store.records(None, None)
+                        if r.removed_at is not None)
+        assert closed == [("CPU", 10.0, "restart"), ("GPU", 10.0, "cleared"), ("GPU", 20.0, "cleared")]
+
+    _with_store(backend, body)
+
+
+def test_cursor_follows_the_newest_batch(backend: Backend) -> None:
+    async def body(store: LedgerStore) -> None:
+        await store.apply([_batch(5, 50.0), _batch(3, 30.0, source="other/0")])
+        await store.apply([_batch(4, 40.0)])  # an older batch applied late does not move the cursor back
+        assert await store.cursors() == {"pool/0": Cursor(5, 50.0), "other/0": Cursor(3, 30.0)}
+
+    _with_store(backend, body)
+
+
+def test_gaps_are_idempotent(backend: Backend) -> None:
+    async def body(store: LedgerStore) -> None:
+        gap = GapRecord("pool/0", 3, 5, 10.0)
+        await store.record_gaps([gap, gap])
+        await store.record_gaps([gap, GapRecord("pool/0", 9, 9, 20.0), GapRecord("other/0", 0, 0, 0.0)])
+        assert await store.missing_batches() == {"pool/0": 4, "other/0": 1}
+
+    _with_store(backend, body)
+
+
+def test_salt_digests_are_remembered_once_and_read_incrementally(backend: Backend) -> None:
+    async def body(store: LedgerStore) -> None:
+        first, second = SaltDigestEntry("globex", 1, b"\x01" * 16), SaltDigestEntry("globex", 2, b"\xff" * 16)
+        await store.remember_salts([first, first])
+        entries, position = await store.salt_entries(0)
+        assert entries == [first]
+        await store.remember_salts([first, second])
+        assert await store.salt_entries(position) == ([second], position + 1 if backend.redis_url else 2)
+
+    _with_store(backend, body)
+
+
+def test_records_filter_by_window_and_tenant(backend: Backend) -> None:
+    async def body(store: LedgerStore) -> None:
+        await store.apply([_batch(0, 10.0, _open_op(1), _open_op(2, tenant="globex"), _open_op(3))])
+        await store.apply([_batch(1, 20.0, CloseOp("GPU", 1, 20.0))])
+        assert len(await store.records(None, None)) == 3
+        assert {r.tenant for r in await store.records(None, "globex")} == {"globex"}
+        assert len(await store.records(25.0, None)) == 2  # the one removed at 20 is outside the window
+        assert len(await store.records(20.0, "acme")) == 2
+
+    _with_store(backend, body)
+
+
+def test_the_ledger_survives_reopening(backend: Backend) -> None:
+    async def write(store: LedgerStore) -> None:
+        await store.apply([_batch(0, 10.0, _open_op(1))])
+
+    _with_store(backend, write)
+
+    async def body(store: LedgerStore) -> None:
+        assert [b.block_hash for b in await store.open_blocks()] == [1]
+        assert await store.cursors() == {"pool/0": Cursor(0, 10.0)}
+
+    _with_store(backend, body)

@@ -9,8 +9,10 @@ import signal
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import aiohttp
 import msgspec
@@ -18,12 +20,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from gateway.admin import policies_view
 from gateway.asgi_io import ClientDisconnected, Receive, Scope, Send, send_body, send_error
+from gateway.audit_cli import parse_since
 from gateway.auth import AuthFailure, authenticate, authorize, check_path, presented_key
 from gateway.balance import UpstreamHealth
-from gateway.errors import Forbidden, GatewayError, NotFound, openai_error_body
+from gateway.errors import BadRequest, Forbidden, GatewayError, NotFound, openai_error_body
+from gateway.ledger.service import LedgerService
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import KeyGrant, PolicySet, load_policy_set
+from gateway.policy.model import RESERVED_TENANT
 from gateway.policy.reloader import PolicyHolder
 from gateway.proxy import Proxy
 from gateway.record import Exchange, record
@@ -54,6 +59,7 @@ class State:
     tasks: TaskSupervisor
     shadow: ShadowRunner
     shadow_store: ShadowStore
+    ledger: LedgerService
     ready: bool = True
 
 
@@ -104,16 +110,18 @@ class GatewayApp:
         tasks.spawn(holder.watch(self.settings.reload_interval_s), "policy-watch")
         _on_sighup(holder.request_reload)
         shadow_store = open_shadow_store(self.settings.redis_url, self.settings.state_path)
+        ledger = await LedgerService.open(self.settings, self.metrics, holder, tasks)
         health = UpstreamHealth()
         shadow = ShadowRunner(session, self.metrics, shadow_store, TaskSupervisor("shadow"), health,
                               self.settings.shadow_timeout_s)
         log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants))
-        proxy = Proxy(session, self.secret, health, shadow)
-        return State(holder, self.metrics, session, proxy, tasks, shadow, shadow_store)
+        proxy = Proxy(session, self.secret, health, shadow, ledger.remember_user_salt)
+        return State(holder, self.metrics, session, proxy, tasks, shadow, shadow_store, ledger)
 
     async def _shutdown(self, state: State) -> None:
         state.ready = False
         _on_sighup(None)
+        await state.ledger.close()
         await state.tasks.close()
         await state.shadow.tasks.close()
         await state.shadow_store.close()
@@ -165,28 +173,43 @@ class GatewayApp:
             tenant = policies.tenants[grant.tenant]
             await state.proxy.forward(ex, policies, tenant, route, scope, receive, send)
             return
-        ex.status, body, headers = await self._local(state, policies, route)
+        ex.status, body, headers = await self._local(state, policies, route, scope)
         await send_body(send, ex.status, body, [*headers, (b"x-request-id", ex.request_id.encode())])
 
     async def _local(
-        self, state: State, policies: PolicySet, route: RouteSpec
+        self, state: State, policies: PolicySet, route: RouteSpec, scope: Scope
     ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         if route.kind is Kind.METRICS:
             return 200, generate_latest(state.metrics.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())]
         if route.kind is Kind.HEALTH:
             return _health(route, state)
-        return _json(*await self._admin(state, policies, route))
+        return _json(*await self._admin(state, policies, route, scope))
 
-    async def _admin(self, state: State, policies: PolicySet, route: RouteSpec) -> tuple[int, Any]:
+    async def _admin(self, state: State, policies: PolicySet, route: RouteSpec, scope: Scope) -> tuple[int, Any]:
         if route.path == "/admin/policies":
             return 200, policies_view(policies)
         if route.path == "/admin/shadow":
             return 200, await state.shadow.report(policies)
+        if route.path == "/admin/audit":
+            tenant, since = _audit_query(scope, policies)
+            return 200, await state.ledger.audit(policies, tenant, since)
         if route.path == "/admin/reload":
             changed = state.holder.reload()
             return 200, {"reloaded": changed, "policy_version": state.holder.current.version}
         message = f"{route.path} is not available in this build."
         return 501, openai_error_body(message, "not_implemented", None, "not_implemented")
+
+
+def _audit_query(scope: Scope, policies: PolicySet) -> tuple[str | None, datetime | None]:
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    tenant = query.get("tenant", [None])[0]
+    if tenant is not None and tenant not in policies.tenants and tenant != RESERVED_TENANT:
+        raise NotFound(f"No tenant {tenant!r}.", param="tenant")
+    since = query.get("since", [None])[0]
+    try:
+        return tenant, parse_since(since) if since else None
+    except ValueError:
+        raise BadRequest("since must be an ISO 8601 time, e.g. 2026-11-29T12:00:00Z.", param="since") from None
 
 
 def _route(raw_path: bytes, method: str) -> RouteSpec:

@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_keys(commands)
     _add_sim(commands)
     _add_shadow(commands)
+    _add_audit(commands)
     _add_demo(commands)
     return parser
 
@@ -104,6 +105,17 @@ def _add_shadow(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     from gateway.shadow import cli as shadow_cli
 
     shadow_cli.add_arguments(commands.add_parser("shadow", help="shadow A/B reports"))
+
+
+def _add_audit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway import audit_cli
+
+    audit = commands.add_parser("audit", help="block-lifecycle report from the ledger")
+    audit_cli.add_audit_arguments(audit)
+    audit.set_defaults(command=audit_cli.run_audit)
+    tenant = commands.add_parser("tenant", help="tenant tools (forget)")
+    audit_cli.add_tenant_arguments(tenant)
+    tenant.set_defaults(command=audit_cli.run_tenant)
 
 
 def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,7 @@ from gateway.sse import StreamWatch, usage_from_json
 from gateway.upstream import open_first_reachable, upstream_errors, upstream_headers
 
 STREAM_FAILURES = (aiohttp.ClientError, TimeoutError)
+UserSaltSink = Callable[[str, int, str], None]
 RESPONSES_PATH = "/v1/responses"
 
 
@@ -59,11 +60,12 @@ class Outbound:
 
 class Proxy:
     def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, health: UpstreamHealth,
-                 shadow: ShadowRunner | None) -> None:
+                 shadow: ShadowRunner | None, remember_user_salt: UserSaltSink) -> None:
         self.session = session
         self.salt_secret = salt_secret
         self.health = health
         self.shadow = shadow
+        self.remember_user_salt = remember_user_salt
 
     async def forward(
         self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
@@ -128,7 +130,11 @@ class Proxy:
         user_header = tenant.rollout.user_header
         header_user = header(scope, user_header.lower().encode()) if user_header else None
         user = header_user.decode("latin-1") if header_user else None
-        return rewrite_request(body, route, tenant, self.salt_secret, user)
+        prepared = rewrite_request(body, route, tenant, self.salt_secret, user)
+        if tenant.cache.isolation == "user" and prepared.user is not None:
+            # The ledger can only attribute per-user salts it was told about.
+            self.remember_user_salt(tenant.tenant, tenant.cache.salt_epoch, prepared.user)
+        return prepared
 
     async def _relay(self, ex: Exchange, route: RouteSpec, outbound: Outbound, send: Send) -> None:
         ex.sent_at = time.perf_counter()

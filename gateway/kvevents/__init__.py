@@ -1,0 +1,1 @@
+"""vLLM KV-cache events: wire decoding (pure) and the ZMQ subscriber (I/O)."""

@@ -1,0 +1,62 @@
+"""The ledger's Prometheus metrics (contract §4), fed only by batches this process wrote to the store,
+so replicas sharing one stream add up to one count. Tenant labels are configured tenants or
+`unattributed`; records of tenants no longer configured are left out of metrics (the audit still shows them).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+
+from gateway.ledger.records import BatchOps, OpenOp
+from gateway.metrics import GatewayMetrics
+from gateway.policy.loader import PolicySet
+from gateway.policy.model import RESERVED_TENANT
+
+
+class LedgerMetrics:
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
+        self._resident_labels: set[tuple[str, str]] = set()
+
+    def applied(self, batch: BatchOps, policies: PolicySet) -> None:
+        stored = Counter((op.tenant, op.medium) for op in batch.ops if isinstance(op, OpenOp))
+        for (tenant, medium), count in stored.items():
+            if _labelled(tenant, policies):
+                self.metrics.blocks_stored.labels(tenant, medium).inc(count)
+                self._medium_violations(tenant, medium, count, policies)
+        for closed in batch.closed:
+            if _labelled(closed.tenant, policies):
+                self.metrics.blocks_removed.labels(closed.tenant, closed.medium).inc()
+                self.metrics.block_lifetime.labels(closed.tenant, closed.medium).observe(closed.lifetime_s)
+                self._age_violation(closed.tenant, closed.lifetime_s, closed.flagged, policies)
+
+    def _medium_violations(self, tenant: str, medium: str, count: int, policies: PolicySet) -> None:
+        policy = policies.tenants.get(tenant)
+        if policy is not None and medium not in policy.offload.allowed_media:
+            self.metrics.retention_violations.labels(tenant, "medium").inc(count)
+
+    def _age_violation(self, tenant: str, lifetime_s: float, flagged: bool, policies: PolicySet) -> None:
+        policy = policies.tenants.get(tenant)
+        limit = policy.offload.retention_seconds if policy is not None else None
+        if limit is not None and lifetime_s > limit and not flagged:
+            self.metrics.retention_violations.labels(tenant, "age").inc()
+
+    def overdue(self, tenants: Counter[str], policies: PolicySet) -> None:
+        """Resident blocks found past their retention by the sweep (each block counted once)."""
+        for tenant, count in tenants.items():
+            if _labelled(tenant, policies):
+                self.metrics.retention_violations.labels(tenant, "age").inc(count)
+
+    def resident(self, counts: Mapping[tuple[str, str], int], policies: PolicySet) -> None:
+        labels = {key for key, count in counts.items() if count > 0 and _labelled(key[0], policies)}
+        for tenant, medium in labels | self._resident_labels:
+            self.metrics.blocks_resident.labels(tenant, medium).set(counts.get((tenant, medium), 0))
+        self._resident_labels |= labels
+
+    def missing(self, source: str, batches: int) -> None:
+        self.metrics.kv_event_gaps.labels(source).inc(batches)
+
+
+def _labelled(tenant: str, policies: PolicySet) -> bool:
+    return tenant == RESERVED_TENANT or tenant in policies.tenants

@@ -1,0 +1,133 @@
+"""Values that flow from ingestion to the store and from the store to the audit. Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from gateway.kvevents.wire import HashValue
+from gateway.policy.model import RESERVED_TENANT
+
+CONTROL_SEQ = -1  # seq of a batch the gateway made itself (a restart or a lost source), not vLLM
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    tenant: str
+    epoch: int | None  # None when the block matched no salt
+
+
+UNATTRIBUTED = Attribution(RESERVED_TENANT, None)
+
+
+class OpenOp(NamedTuple):
+    """A block became resident (a store of a hash already resident on this source and medium is no op)."""
+
+    medium: str
+    block_hash: HashValue
+    parent_hash: HashValue | None
+    tenant: str
+    epoch: int | None
+    stored_at: float
+
+
+class CloseOp(NamedTuple):
+    """A block left its medium; the store closes the open record of (source, medium, hash), if any."""
+
+    medium: str
+    block_hash: HashValue
+    removed_at: float
+
+
+class ClearOp(NamedTuple):
+    """Every open record of the source on `media` (all media when None) stored before `stored_before`."""
+
+    media: tuple[str, ...] | None
+    stored_before: float | None
+    at: float
+    reason: str  # cleared | restart | lost
+
+
+Op = OpenOp | CloseOp | ClearOp
+
+
+class Closed(NamedTuple):
+    tenant: str
+    medium: str
+    lifetime_s: float
+    flagged: bool  # already counted as overdue while resident
+
+
+@dataclass
+class BatchOps:
+    """What one vLLM batch (or one gateway-made control batch) changes, in order; idempotent by key."""
+
+    source: str
+    seq: int
+    ts: float
+    policy_version: str
+    ops: list[Op] = field(default_factory=list)
+    closed: list[Closed] = field(default_factory=list)  # for metrics: records this batch closed
+
+    @property
+    def key(self) -> tuple[str, int, float]:
+        return (self.source, self.seq, self.ts)
+
+    @property
+    def size(self) -> int:
+        return max(1, len(self.ops))
+
+
+@dataclass(frozen=True)
+class GapRecord:
+    """Batches first..last of a source that were neither received nor recovered; `after_ts` is the ts of the
+    batch handled before them, so the same gap seen by two replicas is one record."""
+
+    source: str
+    first_seq: int
+    last_seq: int
+    after_ts: float
+
+    @property
+    def missing(self) -> int:
+        return self.last_seq - self.first_seq + 1
+
+
+@dataclass(frozen=True)
+class SaltDigestEntry:
+    tenant: str
+    epoch: int
+    digest: bytes
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    source: str
+    medium: str
+    tenant: str
+    epoch: int | None
+    stored_at: float
+    removed_at: float | None
+    closed_by: str | None
+    policy_version: str
+
+
+@dataclass(frozen=True)
+class OpenBlock:
+    source: str
+    medium: str
+    block_hash: HashValue
+    tenant: str
+    epoch: int | None
+    stored_at: float
+
+
+@dataclass(frozen=True)
+class SourceEvent:
+    """A restart or a lost source, and how many open records it closed."""
+
+    source: str
+    kind: str
+    boundary_ts: float
+    learned_at: float
+    closed: int

@@ -1,0 +1,234 @@
+"""Embedded ledger store: one SQLite file (WAL), durable across gateway restarts.
+
+Every statement runs on one dedicated thread, so the event loop never waits on disk; `kvgate audit` reads
+the same file from another process while the gateway writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import groupby
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gateway.kvevents.sequence import Cursor
+from gateway.kvevents.wire import HashValue
+from gateway.ledger.hashcodec import from_sql, to_sql
+from gateway.ledger.records import (
+    BatchOps,
+    BlockRecord,
+    ClearOp,
+    CloseOp,
+    GapRecord,
+    Op,
+    OpenBlock,
+    OpenOp,
+    SaltDigestEntry,
+    SourceEvent,
+)
+
+T = TypeVar("T")
+MARKER_TTL_S = 86_400.0  # applied-batch markers older than this are pruned; replays reach back far less
+PRUNE_EVERY = 500  # flushes
+
+SCHEMA = """
+PRAGMA journal_mode=WAL;
+CREATE TABLE IF NOT EXISTS ledger_blocks (
+    source TEXT NOT NULL, medium TEXT NOT NULL, hash NOT NULL, parent, tenant TEXT NOT NULL, epoch INTEGER,
+    stored_at REAL NOT NULL, removed_at REAL, closed_by TEXT, policy_version TEXT NOT NULL);
+CREATE UNIQUE INDEX IF NOT EXISTS ledger_blocks_open ON ledger_blocks(source, medium, hash) WHERE removed_at IS NULL;
+CREATE TABLE IF NOT EXISTS ledger_applied (
+    source TEXT NOT NULL, seq INTEGER NOT NULL, ts REAL NOT NULL, applied_at REAL NOT NULL,
+    PRIMARY KEY (source, seq, ts)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger_cursors (source TEXT PRIMARY KEY, seq INTEGER NOT NULL, ts REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger_gaps (
+    source TEXT NOT NULL, first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, after_ts REAL NOT NULL,
+    PRIMARY KEY (source, first_seq, last_seq, after_ts)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger_source_events (
+    source TEXT NOT NULL, kind TEXT NOT NULL, boundary_ts REAL NOT NULL, learned_at REAL NOT NULL,
+    closed INTEGER NOT NULL, PRIMARY KEY (source, kind, boundary_ts)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger_salt_digests (
+    id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, epoch INTEGER NOT NULL, digest BLOB NOT NULL UNIQUE);
+"""
+
+OPEN_SQL = ("INSERT OR IGNORE INTO ledger_blocks (source, medium, hash, parent, tenant, epoch, stored_at, "
+            "policy_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+CLOSE_SQL = ("UPDATE ledger_blocks SET removed_at = ?, closed_by = 'removed' "
+             "WHERE source = ? AND medium = ? AND hash = ? AND removed_at IS NULL")
+CURSOR_SQL = ("INSERT INTO ledger_cursors (source, seq, ts) VALUES (?, ?, ?) ON CONFLICT (source) DO UPDATE "
+              "SET seq = excluded.seq, ts = excluded.ts "
+              "WHERE excluded.ts > ledger_cursors.ts "
+              "OR (excluded.ts = ledger_cursors.ts AND excluded.seq > ledger_cursors.seq)")
+RECORD_COLUMNS = "source, medium, tenant, epoch, stored_at, removed_at, closed_by, policy_version"
+
+
+class SqliteStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-ledger-sqlite")
+        self._db: sqlite3.Connection | None = None
+        self._flushes = 0
+
+    @classmethod
+    async def open(cls, path: Path) -> SqliteStore:
+        store = cls(path)
+        await store._run(store._connect)
+        return store
+
+    async def _run(self, work: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, work, *args)
+
+    def _connect(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, isolation_level=None)
+        db.execute("PRAGMA busy_timeout = 10000")
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.executescript(SCHEMA)
+        self._db = db
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise RuntimeError("the SQLite ledger store is closed")
+        return self._db
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self._run(self.db.close)
+            self._db = None
+        self._thread.shutdown(wait=True)
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    async def apply(self, batches: Sequence[BatchOps]) -> list[bool]:
+        return await self._run(self._apply, list(batches))
+
+    def _apply(self, batches: list[BatchOps]) -> list[bool]:
+        now = time.time()
+        with _transaction(self.db):
+            applied = [self._apply_one(batch, now) for batch in batches]
+        self._flushes += 1
+        if self._flushes % PRUNE_EVERY == 0:
+            self.db.execute("DELETE FROM ledger_applied WHERE applied_at < ?", (now - MARKER_TTL_S,))
+        return applied
+
+    def _apply_one(self, batch: BatchOps, now: float) -> bool:
+        marker = self.db.execute("INSERT OR IGNORE INTO ledger_applied VALUES (?, ?, ?, ?)", (*batch.key, now))
+        if marker.rowcount == 0:
+            return False
+        for kind, run in groupby(batch.ops, key=type):
+            self._run_ops(batch, kind, list(run))
+        if batch.seq >= 0:
+            self.db.execute(CURSOR_SQL, batch.key)
+        return True
+
+    def _run_ops(self, batch: BatchOps, kind: type, ops: list[Op]) -> None:
+        if kind is OpenOp:
+            self.db.executemany(OPEN_SQL, [_open_row(batch, op) for op in ops if isinstance(op, OpenOp)])
+        elif kind is CloseOp:
+            self.db.executemany(CLOSE_SQL, [_close_row(batch, op) for op in ops if isinstance(op, CloseOp)])
+        else:
+            for op in ops:
+                if isinstance(op, ClearOp):
+                    self._clear(batch, op)
+
+    def _clear(self, batch: BatchOps, op: ClearOp) -> None:
+        where: list[str] = ["source = ?", "removed_at IS NULL"]
+        params: list[Any] = [batch.source]
+        if op.media is not None:
+            where.append(f"medium IN ({', '.join('?' * len(op.media))})")
+            params.extend(op.media)
+        if op.stored_before is not None:
+            where.append("stored_at < ?")
+            params.append(op.stored_before)
+        sql = f"UPDATE ledger_blocks SET removed_at = ?, closed_by = ? WHERE {' AND '.join(where)}"  # noqa: S608
+        closed = self.db.execute(sql, (op.at, op.reason, *params)).rowcount
+        if op.reason in ("restart", "lost"):
+            self.db.execute("INSERT OR IGNORE INTO ledger_source_events VALUES (?, ?, ?, ?, ?)",
+                            (batch.source, op.reason, batch.ts, op.at, closed))
+
+    async def record_gaps(self, gaps: Sequence[GapRecord]) -> None:
+        rows = [(gap.source, gap.first_seq, gap.last_seq, gap.after_ts) for gap in gaps]
+        await self._run(self._write_many, "INSERT OR IGNORE INTO ledger_gaps VALUES (?, ?, ?, ?)", rows)
+
+    async def remember_salts(self, entries: Sequence[SaltDigestEntry]) -> None:
+        rows = [(entry.tenant, entry.epoch, entry.digest) for entry in entries]
+        sql = "INSERT OR IGNORE INTO ledger_salt_digests (tenant, epoch, digest) VALUES (?, ?, ?)"
+        await self._run(self._write_many, sql, rows)
+
+    def _write_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        with _transaction(self.db):
+            self.db.executemany(sql, rows)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    async def salt_entries(self, after: int) -> tuple[list[SaltDigestEntry], int]:
+        rows = await self._run(self._select, "SELECT id, tenant, epoch, digest FROM ledger_salt_digests WHERE id > ? "
+                               "ORDER BY id", (after,))
+        entries = [SaltDigestEntry(tenant, epoch, digest) for _id, tenant, epoch, digest in rows]
+        return entries, (rows[-1][0] if rows else after)
+
+    async def cursors(self) -> dict[str, Cursor]:
+        rows = await self._run(self._select, "SELECT source, seq, ts FROM ledger_cursors", ())
+        return {source: Cursor(seq, ts) for source, seq, ts in rows}
+
+    async def open_blocks(self) -> list[OpenBlock]:
+        sql = "SELECT source, medium, hash, tenant, epoch, stored_at FROM ledger_blocks WHERE removed_at IS NULL"
+        rows = await self._run(self._select, sql, ())
+        return [OpenBlock(source, medium, _stored_hash(block_hash), tenant, epoch, stored_at)
+                for source, medium, block_hash, tenant, epoch, stored_at in rows]
+
+    async def records(self, since: float | None, tenant: str | None) -> list[BlockRecord]:
+        where: list[str] = ["1 = 1"]
+        params: list[Any] = []
+        if since is not None:
+            where.append("(removed_at IS NULL OR removed_at >= ?)")
+            params.append(since)
+        if tenant is not None:
+            where.append("tenant = ?")
+            params.append(tenant)
+        sql = f"SELECT {RECORD_COLUMNS} FROM ledger_blocks WHERE {' AND '.join(where)}"  # noqa: S608
+        return [BlockRecord(*row) for row in await self._run(self._select, sql, tuple(params))]
+
+    async def missing_batches(self) -> dict[str, int]:
+        sql = "SELECT source, SUM(last_seq - first_seq + 1) FROM ledger_gaps GROUP BY source"
+        return dict(await self._run(self._select, sql, ()))
+
+    async def source_events(self) -> list[SourceEvent]:
+        sql = "SELECT source, kind, boundary_ts, learned_at, closed FROM ledger_source_events ORDER BY learned_at"
+        return [SourceEvent(*row) for row in await self._run(self._select, sql, ())]
+
+    def _select(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        return self.db.execute(sql, params).fetchall()
+
+
+def _open_row(batch: BatchOps, op: OpenOp) -> tuple[Any, ...]:
+    return (batch.source, op.medium, to_sql(op.block_hash), to_sql(op.parent_hash), op.tenant, op.epoch,
+            op.stored_at, batch.policy_version)
+
+
+def _close_row(batch: BatchOps, op: CloseOp) -> tuple[Any, ...]:
+    return (op.removed_at, batch.source, op.medium, to_sql(op.block_hash))
+
+
+def _stored_hash(value: int | bytes) -> HashValue:
+    restored = from_sql(value)
+    assert restored is not None  # the column is NOT NULL
+    return restored
+
+
+class _transaction:
+    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error): another process's writer waits, never interleaves."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")

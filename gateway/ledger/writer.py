@@ -1,0 +1,122 @@
+"""Batched, failure-tolerant writes from ingestion to the store.
+
+Ingestion hands over each batch's operations and goes on; a flush writes whatever is pending in one store
+call, at least every `interval_s` (so an event is visible within a second). While the store is unreachable
+the batches wait here — the spool, bounded in block events. Past the bound a new batch is dropped and
+recorded as a gap, never silently lost. While the store is reachable but behind, ingestion waits instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from gateway.ledger.base import LedgerStore, StoreUnavailable
+from gateway.ledger.records import BatchOps, GapRecord, SaltDigestEntry
+from gateway.log import get_logger
+
+log = get_logger(__name__)
+OPS_PER_FLUSH = 50_000
+
+
+class BatchWriter:
+    def __init__(
+        self, store: LedgerStore, spool_limit: int, on_applied: Callable[[BatchOps], None],
+        on_dropped: Callable[[BatchOps], None],
+    ) -> None:
+        self.store = store
+        self.spool_limit = spool_limit
+        self.available = True
+        self._on_applied = on_applied
+        self._on_dropped = on_dropped
+        self._pending: deque[BatchOps] = deque()
+        self._pending_ops = 0
+        self._gaps: list[GapRecord] = []
+        self._salts: list[SaltDigestEntry] = []
+        self._lock = asyncio.Lock()
+        self._drained = asyncio.Event()
+        self._wake = asyncio.Event()
+
+    @property
+    def pending_ops(self) -> int:
+        return self._pending_ops
+
+    async def submit(self, batch: BatchOps) -> None:
+        while self.available and self._pending_ops + batch.size > self.spool_limit:
+            self._wake.set()
+            self._drained.clear()
+            await self._drained.wait()
+        if self._pending_ops + batch.size > self.spool_limit:
+            self._drop(batch)
+            return
+        self._pending.append(batch)
+        self._pending_ops += batch.size
+
+    def _drop(self, batch: BatchOps) -> None:
+        self._on_dropped(batch)
+        if batch.seq >= 0:
+            self.add_gap(GapRecord(batch.source, batch.seq, batch.seq, batch.ts))
+
+    def add_gap(self, gap: GapRecord) -> None:
+        self._gaps.append(gap)
+
+    def add_salts(self, entries: Sequence[SaltDigestEntry]) -> None:
+        self._salts.extend(entries)
+
+    async def run(self, interval_s: float) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=interval_s)
+            self._wake.clear()
+            # Shielded: cancelling the loop mid-write must not abandon batches the store already took.
+            await asyncio.shield(self.flush())
+
+    async def flush(self) -> bool:
+        """Write everything pending; False (and everything kept) if the store is unreachable."""
+        async with self._lock:
+            try:
+                await self._flush_side_records()
+                while self._pending:
+                    await self._flush_some()
+            except StoreUnavailable as error:
+                self._set_available(False, str(error))
+                return False
+            self._set_available(True)
+            return True
+
+    async def _flush_side_records(self) -> None:
+        if self._salts:
+            salts = list(self._salts)
+            await self.store.remember_salts(salts)
+            del self._salts[: len(salts)]
+        if self._gaps:
+            gaps = list(self._gaps)
+            await self.store.record_gaps(gaps)
+            del self._gaps[: len(gaps)]
+
+    async def _flush_some(self) -> None:
+        chunk: list[BatchOps] = []
+        size = 0
+        for batch in self._pending:
+            if chunk and size + batch.size > OPS_PER_FLUSH:
+                break
+            chunk.append(batch)
+            size += batch.size
+        applied = await self.store.apply(chunk)
+        for batch, newly in zip(chunk, applied, strict=True):
+            self._pending.popleft()
+            self._pending_ops -= batch.size
+            if newly:
+                self._on_applied(batch)
+        self._drained.set()
+
+    def _set_available(self, available: bool, reason: str = "") -> None:
+        if available and not self.available:
+            log.info("ledger_store_available", spooled_ops=self._pending_ops)
+        elif not available and self.available:
+            log.warning("ledger_store_unavailable", reason=reason)
+        self.available = available
+        if not available:
+            self._drained.set()  # a waiting submit re-checks and spools (or drops) instead of waiting

@@ -1,0 +1,52 @@
+"""Readings from /proc (Linux only): process CPU seconds, resident memory, per-core busy time, and pinning."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+UTIME_FIELD = 11  # fields counted from the process state, i.e. after "pid (comm) "
+STIME_FIELD = 12
+
+
+def process_cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of every thread of `pid` so far (children not included)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return int(fields[UTIME_FIELD]) / CLOCK_TICKS, int(fields[STIME_FIELD]) / CLOCK_TICKS
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of every thread of `pid` so far (children not included)."""
+    return sum(process_cpu_split(pid))
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def core_busy_s() -> dict[int, float]:
+    """Busy (non-idle, non-iowait) seconds of each core since boot, from /proc/stat."""
+    busy: dict[int, float] = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *values = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            ticks = [int(value) for value in values[:8]]
+            busy[int(name[3:])] = (sum(ticks) - ticks[3] - ticks[4]) / CLOCK_TICKS
+    return busy
+
+
+def pin_process(pid: int, cores: Iterable[int]) -> None:
+    """Pin every current thread of `pid` to `cores`; threads it starts later inherit the mask."""
+    mask = set(cores)
+    for task in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(task), mask)
+
+
+def process_affinity(pid: int) -> set[int]:
+    return set(os.sched_getaffinity(pid))

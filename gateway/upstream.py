@@ -46,9 +46,14 @@ def upstream_headers(
     headers = {name.decode(): value.decode("latin-1") for name, value in inbound if name in FORWARDED_HEADERS}
     headers["content-type"] = "application/json"
     headers["x-request-id"] = request_id
-    if pool.api_key_env is not None:
-        headers["authorization"] = f"Bearer {_pool_key(pool_name, pool.api_key_env)}"
-    return headers
+    return headers | pool_auth(pool_name, pool)
+
+
+def pool_auth(pool_name: str, pool: PoolConfig) -> dict[str, str]:
+    """The Authorization header this pool's upstreams expect, if the pool names a key."""
+    if pool.api_key_env is None:
+        return {}
+    return {"authorization": f"Bearer {_pool_key(pool_name, pool.api_key_env)}"}
 
 
 def _pool_key(pool_name: str, variable: str) -> str:

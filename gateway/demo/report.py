@@ -50,6 +50,26 @@ def traffic_table(samples: list[Sample]) -> str:
     return table(header, rows)
 
 
+def phase_table(samples: list[Sample], tenant: str) -> str:
+    """TTFT p50 per phase and pool for one tenant: the rollout's A/B between its users."""
+    phases = ["cold", "repeat", "pressure", "return"]
+    pools = sorted({s.pool for s in samples if s.tenant == tenant})
+    rows = []
+    for phase in phases:
+        medians = {}
+        for pool in pools:
+            values = [s.ttft_s for s in samples if (s.tenant, s.phase, s.pool) == (tenant, phase, pool)
+                      and s.ttft_s is not None]
+            medians[pool] = statistics.median(values) if values else None
+        delta = _delta(medians.get("offload"), medians.get("control"))
+        rows.append([phase, *(_ms(medians[pool]) for pool in pools), _ms(delta)])
+    return table(["phase", *(f"{pool} p50 ms" for pool in pools), "offload − control ms"], rows)
+
+
+def _delta(offload: float | None, control: float | None) -> float | None:
+    return None if offload is None or control is None else offload - control
+
+
 def retention_table(audit: dict[str, Any]) -> str:
     rows = []
     for tenant, media in sorted(audit.get("tenants", {}).items()):

@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
-from gateway.demo.report import retention_table, shadow_table, traffic_table
+from gateway.demo.report import phase_table, retention_table, shadow_table, traffic_table
 from gateway.demo.stack import DemoStack, demo_stack
-from gateway.demo.workload import run_workload
+from gateway.demo.workload import SPLIT_TENANT, run_workload
 
 
 def run_demo() -> int:
@@ -36,13 +36,16 @@ def _report(stack: DemoStack, samples: list[Any]) -> None:
     print("Traffic per tenant and pool (TTFT measured by the client; 'return' = the prefix came back after "
           "other traffic pushed it out of the GPU cache)")
     print(traffic_table(samples))
+    print(f"\n{SPLIT_TENANT} (50 % rollout, sticky per user): TTFT p50 by phase and arm, measured by the client")
+    print(phase_table(samples, SPLIT_TENANT))
     audit = _admin(stack, "/admin/audit")
     if audit is not None:
         print("\nOffloaded and GPU blocks per tenant (the block-lifecycle ledger, from vLLM KV events)")
         print(retention_table(audit))
     shadow = _admin(stack, "/admin/shadow")
     if shadow is not None:
-        print("\nShadow A/B, ΔTTFT = TTFT(primary) − TTFT(shadow control)")
+        print("\nShadow A/B: each mirrored pair, ΔTTFT = TTFT(primary) − TTFT(shadow on control); "
+              "pairs exist only for requests whose primary was the offload pool")
         print(shadow_table(shadow))
 
 

@@ -64,9 +64,17 @@ def write_policies(target: Path, sims: dict[str, tuple[int, int]]) -> tuple[dict
         gateway["pools"][pool].update(upstreams=[f"http://127.0.0.1:{port}"], kv_events=[f"tcp://127.0.0.1:{events}"])
     (target / "gateway.yaml").write_text(yaml.safe_dump(gateway, sort_keys=False))
     keys = {path.stem: _rekey(path) for path in sorted((target / "tenants").glob("*.yaml"))}
+    _mirror_everything(target / "tenants" / "initech.yaml")
     admin_key = new_key()
     _add_key(target / "tenants" / "acme.yaml", admin_key, ["admin", "metrics"])
     return keys, admin_key
+
+
+def _mirror_everything(path: Path) -> None:
+    """The demo is short: mirror every eligible request so the paired comparison has enough pairs."""
+    tenant: dict[str, Any] = yaml.safe_load(path.read_text())
+    tenant["shadow"]["sample"] = 1.0
+    path.write_text(yaml.safe_dump(tenant, sort_keys=False))
 
 
 def _rekey(path: Path) -> str:

@@ -1,4 +1,5 @@
-"""The demo's traffic: long per-tenant prefixes that repeat, get pushed out of the GPU, and return."""
+"""The demo's traffic: long per-tenant prefixes that repeat, get pushed out of the GPU cache by other
+traffic, and return. The offload pool can serve a returning prefix from its CPU tier; control cannot."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from dataclasses import dataclass
 
 import httpx
 
+from gateway.rollout import draw_percent
+
 MODEL = "sim-model"
 PREFIX_TOKENS = 1500  # the simulator's tokenizer is byte-level: one token per byte
-USERS = ("ann", "bo", "cy", "di", "ed", "flo")
-CONCURRENCY = 4
+CONCURRENCY = 1  # one request at a time, so queueing never blurs the A/B
+RETURNS = 3
+SPLIT_TENANT = "initech"  # the tenant on a 50 % rollout
 
 
 @dataclass(frozen=True)
@@ -34,21 +38,41 @@ class Sample:
     cached_tokens: int
 
 
-def prefix(tenant: str, index: int) -> str:
-    words = " ".join(f"{tenant}-doc{index}-w{word}" for word in range(PREFIX_TOKENS // 8))
+def prefix(owner: str, index: int) -> str:
+    words = " ".join(f"{owner}-doc{index}-w{word}" for word in range(PREFIX_TOKENS // 8))
     return words[:PREFIX_TOKENS]
+
+
+def users_for(tenant: str, count: int, percent: float = 50.0) -> list[str]:
+    """Users of `tenant`, half drawn into the rollout's target pool and half not, so both arms get traffic."""
+    inside = [f"user{n}" for n in range(200) if draw_percent(f"user:{tenant}:user{n}") < percent]
+    outside = [f"user{n}" for n in range(200) if draw_percent(f"user:{tenant}:user{n}") >= percent]
+    return [user for pair in zip(inside, outside, strict=False) for user in pair][:count]
+
+
+def owned_prefixes(tenants: list[str]) -> list[tuple[str, str, int]]:
+    """(tenant, user, prefix index): the split tenant has more, so its A/B has enough pairs."""
+    owned = []
+    for tenant in tenants:
+        count = 6 if tenant == SPLIT_TENANT else 2
+        owned += [(tenant, user, index) for index, user in enumerate(users_for(tenant, count))]
+    return owned
 
 
 def plan(tenants: list[str]) -> list[list[Step]]:
     """Rounds run one after another; the steps of a round run concurrently."""
-    owned = [(tenant, index, USERS[(position * 2 + index) % len(USERS)])
-             for position, tenant in enumerate(tenants) for index in range(2)]
+    owned = owned_prefixes(tenants)
+
     def ask(phase: str, question: str) -> list[Step]:
-        return [Step(tenant, user, f"{prefix(tenant, index)} {question}", phase) for tenant, index, user in owned]
-    pressure = [Step(tenant, USERS[n % len(USERS)], prefix(f"{tenant}-noise{n}", n), "pressure")
-                for n in range(3) for tenant in tenants]
-    return [ask("cold", "Summarise."), ask("repeat", "List the key terms."), pressure,
-            ask("return", "What changed?")]
+        return [Step(t, user, f"{prefix(t, index)} {question}", phase) for t, user, index in owned]
+
+    def pressure(round_no: int) -> list[Step]:
+        return [Step(t, user, prefix(f"{t}-noise{round_no}-{index}", index), "pressure") for t, user, index in owned]
+
+    rounds = [ask("cold", "Summarise."), ask("repeat", "List the key terms.")]
+    for round_no in range(RETURNS):
+        rounds += [pressure(round_no), ask("return", f"What changed, take {round_no}?")]
+    return rounds
 
 
 async def run_workload(gateway_url: str, keys: dict[str, str]) -> list[Sample]:

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from gateway.balance import UpstreamHealth
+from gateway.errors import UpstreamUnavailable
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicySet
@@ -25,7 +26,7 @@ from gateway.shadow.stats import tenant_summary
 from gateway.shadow.store import ShadowStore
 from gateway.sse import StreamWatch, usage_from_json
 from gateway.tasks import TaskSupervisor
-from gateway.upstream import upstream_errors
+from gateway.upstream import pool_auth, upstream_errors
 
 log = get_logger(__name__)
 
@@ -90,9 +91,15 @@ class ShadowRunner:
             self._count(tenant.tenant, "dropped")
             return None
         shadow_pool = tenant.shadow.pool or ""
-        upstreams = policies.gateway.pools[shadow_pool].upstreams
-        url = self.health.candidates(upstreams, call.affinity)[0] + call.path
-        shadow_call = dataclasses.replace(call, shadow_pool=shadow_pool, url=url)
+        pool = policies.gateway.pools[shadow_pool]
+        url = self.health.candidates(pool.upstreams, call.affinity)[0] + call.path
+        headers = {name: value for name, value in call.headers.items() if name != "authorization"}
+        try:
+            headers |= pool_auth(shadow_pool, pool)
+        except UpstreamUnavailable:
+            self._count(tenant.tenant, "error")
+            return None
+        shadow_call = dataclasses.replace(call, shadow_pool=shadow_pool, url=url, headers=headers)
         slot = PrimarySlot()
         self._in_flight[tenant.tenant] = self._in_flight.get(tenant.tenant, 0) + 1
         self.tasks.spawn(self._run(shadow_call, slot), f"shadow-{shadow_call.request_id}")

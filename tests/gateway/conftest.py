@@ -49,10 +49,10 @@ class Stack:
 
 
 @contextmanager
-def sim_process(log_dir: Path, *extra: str) -> Iterator[ServerProcess]:
+def sim_process(log_dir: Path, *extra: str, api_key: str = UPSTREAM_KEY) -> Iterator[ServerProcess]:
     log_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    argv = kvgate_command("sim", "--port", str(port), "--api-key", UPSTREAM_KEY, *extra)
+    argv = kvgate_command("sim", "--port", str(port), f"--api-key={api_key}", *extra)
     with run_server(argv, port, log_dir / f"sim-{port}.log", ready_path="/health") as server:
         yield server
 

@@ -17,23 +17,25 @@ from tests.harness import PolicyDir, bearer, expected_salt, new_secret, run_gate
 from tests.procs import ServerProcess, free_port, run_server
 
 DEADLINE_S = 30.0
+CONTROL_KEY = "control-pool-key"  # the control pool's upstream has a key of its own
+CONTROL_KEY_ENV = "KVGATE_TEST_CONTROL_KEY"
 
 
 @pytest.fixture(scope="module")
 def control_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with sim_process(tmp_path_factory.mktemp("control")) as server:
+    with sim_process(tmp_path_factory.mktemp("control"), api_key=CONTROL_KEY) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def corrupt_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with sim_process(tmp_path_factory.mktemp("corrupt"), "--corrupt-output") as server:
+    with sim_process(tmp_path_factory.mktemp("corrupt"), "--corrupt-output", api_key=CONTROL_KEY) as server:
         yield server
 
 
 def shadow_gateway(tmp: Path, primary: str, shadow: str, max_in_flight: int = 4) -> tuple[PolicyDir, str, Any]:
     pools = {"offload": {"upstreams": [primary], "api_key_env": UPSTREAM_KEY_ENV},
-             "control": {"upstreams": [shadow], "api_key_env": UPSTREAM_KEY_ENV}}
+             "control": {"upstreams": [shadow], "api_key_env": CONTROL_KEY_ENV}}
     policy = PolicyDir(tmp / "policies", pools, public_paths=["/livez"])
     policy.add_tenant("ab", rollout={"pool": "offload"}, offload={"max_offload_tokens": 256},
                       shadow={"pool": "control", "sample": 1.0, "max_in_flight": max_in_flight})
@@ -41,7 +43,8 @@ def shadow_gateway(tmp: Path, primary: str, shadow: str, max_in_flight: int = 4)
     policy.add_tenant("root", scopes=("admin", "metrics"))
     policy.write()
     secret = new_secret()
-    gateway = run_gateway(policy.root, tmp / "gateway.log", secret, {UPSTREAM_KEY_ENV: UPSTREAM_KEY})
+    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY, CONTROL_KEY_ENV: CONTROL_KEY}
+    gateway = run_gateway(policy.root, tmp / "gateway.log", secret, env)
     return policy, secret, gateway
 
 

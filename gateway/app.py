@@ -189,7 +189,7 @@ class GatewayApp:
         if route.path == "/admin/policies":
             return 200, policies_view(policies)
         if route.path == "/admin/shadow":
-            return 200, await state.shadow.report(policies)
+            return 200, await state.shadow.report(policies, _recent_pairs(scope))
         if route.path == "/admin/audit":
             tenant, since = _audit_query(scope, policies)
             return 200, await state.ledger.audit(policies, tenant, since)
@@ -198,6 +198,13 @@ class GatewayApp:
             return 200, {"reloaded": changed, "policy_version": state.holder.current.version}
         message = f"{route.path} is not available in this build."
         return 501, openai_error_body(message, "not_implemented", None, "not_implemented")
+
+
+def _recent_pairs(scope: Scope) -> int:
+    value = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("pairs", ["0"])[0]
+    if not value.isdigit():
+        raise BadRequest("pairs must be a non-negative integer.", param="pairs")
+    return min(int(value), 5000)
 
 
 def _audit_query(scope: Scope, policies: PolicySet) -> tuple[str | None, datetime | None]:

@@ -23,6 +23,7 @@ class ArmResult:
 @dataclass(frozen=True)
 class PairRecord:
     tenant: str
+    request_id: str  # the primary's; the shadow's is the same with "-shadow"
     primary_pool: str
     shadow_pool: str
     ttft_delta_s: float | None  # primary − shadow
@@ -39,7 +40,7 @@ def pair_record(tenant: str, pools: tuple[str, str], primary: ArmResult, shadow:
     comparable = deterministic and primary.text is not None and shadow.text is not None
     cached_known = primary.cached_tokens is not None and shadow.cached_tokens is not None
     return PairRecord(
-        tenant=tenant, primary_pool=pools[0], shadow_pool=pools[1],
+        tenant=tenant, request_id=primary.request_id, primary_pool=pools[0], shadow_pool=pools[1],
         ttft_delta_s=(primary.ttft_s or 0.0) - (shadow.ttft_s or 0.0) if both_ttft else None,
         duration_delta_s=primary.duration_s - shadow.duration_s,
         cached_delta=(primary.cached_tokens or 0) - (shadow.cached_tokens or 0) if cached_known else None,

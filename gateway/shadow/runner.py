@@ -145,12 +145,17 @@ class ShadowRunner:
                     return _whole_result(call, response.status, body, time.perf_counter() - started)
                 return await _stream_result(call, response, started)
 
-    async def report(self, policies: PolicySet) -> dict[str, Any]:
-        tenants = {name: await self._tenant_report(name) for name in sorted(policies.tenants)}
+    async def report(self, policies: PolicySet, recent_pairs: int = 0) -> dict[str, Any]:
+        """Per-tenant summaries; with `recent_pairs`, also that many latest pairs (request ids, deltas)."""
+        tenants = {name: await self._tenant_report(name, recent_pairs) for name in sorted(policies.tenants)}
         return {"policy_version": policies.version, "tenants": tenants}
 
-    async def _tenant_report(self, tenant: str) -> dict[str, Any]:
-        return tenant_summary(await self.store.pairs(tenant), await self.store.counts(tenant))
+    async def _tenant_report(self, tenant: str, recent_pairs: int) -> dict[str, Any]:
+        pairs = await self.store.pairs(tenant)
+        summary = tenant_summary(pairs, await self.store.counts(tenant))
+        if recent_pairs:
+            summary["recent_pairs"] = [dataclasses.asdict(pair) for pair in pairs[:recent_pairs]]
+        return summary
 
 
 def _whole_result(call: ShadowCall, status: int, body: bytes, duration_s: float) -> ArmResult:

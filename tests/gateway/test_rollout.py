@@ -88,3 +88,21 @@ def test_requests_without_user_are_drawn_per_request(split_gateway: tuple[Server
         pools = [client.post("/v1/completions", json=body).headers["x-kvgate-pool"] for _ in range(400)]
     on_target = pools.count("offload")
     assert abs(on_target - 120) <= Z_BOUND * math.sqrt(400 * 0.3 * 0.7)
+
+
+def test_user_header_names_the_user(sim: ServerProcess, tmp_path: Path) -> None:
+    pools = {name: {"upstreams": [sim.url], "api_key_env": UPSTREAM_KEY_ENV} for name in ("offload", "control")}
+    policy = PolicyDir(tmp_path / "policies", pools)
+    key = policy.add_tenant("hdr", rollout={"pool": "offload", "percent": 50, "else_pool": "control",
+                                            "user_header": "X-End-User"})
+    policy.write()
+    with run_gateway(policy.root, tmp_path / "gateway.log", new_secret(), {UPSTREAM_KEY_ENV: UPSTREAM_KEY}) as gw, \
+         httpx.Client(base_url=gw.url, headers=bearer(key), timeout=30) as client:
+        def pool(user: str, body_user: str) -> str:
+            body = {"model": SIM_MODEL, "prompt": "p", "max_tokens": 1, "user": body_user}
+            return client.post("/v1/completions", json=body, headers={"X-End-User": user}).headers["x-kvgate-pool"]
+        for index in range(40):
+            user = f"person-{index}"
+            # The header decides: the body's user field changes nothing.
+            assert len({pool(user, f"body-{n}") for n in range(3)}) == 1
+        assert len({pool(f"person-{index}", "same") for index in range(40)}) == 2

@@ -35,20 +35,29 @@ MATRIX = sorted({variant for path in (*KNOWN, *VLLM_OPERATIONAL, "/", "/nope") f
 
 def send(stack: Stack, method: str, target: str, headers: dict[str, str] | None = None) -> httpx.Response:
     with httpx.Client(base_url=stack.url, timeout=10) as client:
-        return client.request(method, "/", headers=headers, extensions={"target": target.encode()})
+        return request(client, method, target, headers)
+
+
+def request(client: httpx.Client, method: str, target: str, headers: dict[str, str] | None = None) -> httpx.Response:
+    """Send `target` verbatim as the request target, so no client-side normalisation hides a spelling."""
+    return client.request(method, "/", headers=headers, extensions={"target": target.encode()})
+
+
+def statuses(stack: Stack, method: str, headers: dict[str, str] | None = None) -> dict[str, int]:
+    with httpx.Client(base_url=stack.url, timeout=10) as client:
+        return {target: request(client, method, target, headers).status_code for target in MATRIX
+                if target not in PUBLIC}
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_every_path_and_method_without_key_is_401(stack: Stack, method: str) -> None:
-    statuses = {target: send(stack, method, target).status_code for target in MATRIX if target not in PUBLIC}
-    assert {target: status for target, status in statuses.items() if status != 401} == {}
+    assert {target: status for target, status in statuses(stack, method).items() if status != 401} == {}
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"])
 def test_wrong_key_is_401_everywhere(stack: Stack, method: str) -> None:
     wrong = bearer("kvg_not-a-real-key")
-    statuses = {target: send(stack, method, target, wrong).status_code for target in MATRIX if target not in PUBLIC}
-    assert {target: status for target, status in statuses.items() if status != 401} == {}
+    assert {target: status for target, status in statuses(stack, method, wrong).items() if status != 401} == {}
 
 
 def test_401_body_is_openai_shaped(stack: Stack) -> None:

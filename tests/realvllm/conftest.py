@@ -25,10 +25,11 @@ from tests.realvllm.kv_events import KvEventWatcher
 from tests.realvllm.prompts import long_prompt
 from tests.realvllm.tooling.install_vllm import InstallError, VllmVenv, ensure_installed
 from tests.realvllm.tooling.make_model import ensure_model
-from tests.realvllm.tooling.vllm_server import RunningVllm, VllmStartError, run_vllm
+from tests.realvllm.tooling.vllm_server import HEALTH_TIMEOUT_S, RunningVllm, VllmStartError, run_vllm
 
 SKIP_VARIABLE = "KVGATE_SKIP_REAL_VLLM"
 MARKER = "realvllm"
+TEST_TIMEOUT_MARGIN_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     startup = config.stash.get(STARTUP_SECONDS, None)
     if startup is not None:
         terminalreporter.write_line(f"[realvllm] vLLM server became healthy in {startup:.1f} s")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The first test of the tier also waits for the server to start (up to HEALTH_TIMEOUT_S on a busy
+    machine), so the tier's tests get a per-test timeout that covers that wait plus the test itself."""
+    for item in items:
+        if item.get_closest_marker(MARKER) and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(HEALTH_TIMEOUT_S + TEST_TIMEOUT_MARGIN_S))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

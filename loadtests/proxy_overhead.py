@@ -1,11 +1,11 @@
-"""Proxy-overhead benchmark: kvgate against a direct connection to a fast upstream (loopback only).
+"""Proxy-overhead benchmark: kvgate (and nginx, where installed) against a direct connection to a fast upstream.
 
 Layout (see ../shared/design/proxy-costs.md): the fast upstream (loadtests.fast_upstream) and this process,
-the load generator, share the bench core; one gateway worker (`kvgate serve`) runs alone on the gateway core.
-For each concurrency, a direct phase and a gateway phase (order alternating) each run a warm-up, then a
-fixed measurement window. Reported per concurrency: client TTFT p50/p99 direct and through the gateway, the
-TTFT the gateway adds, throughput both ways and their ratio, and the gateway's CPU per request (from
-/proc/<pid>/stat); plus the gateway's idle RSS. With several rounds, figures are medians over rounds.
+the load generator, share the bench core; one gateway worker (`kvgate serve`), and nginx with one worker as a
+reference, run on the proxy core. Loopback only. For each concurrency, a phase per target (direct, gateway,
+nginx; order rotating) runs a warm-up, then a fixed measurement window. Reported per concurrency and target:
+client TTFT p50/p99, the TTFT added against direct, throughput and its ratio to direct, and the proxy's CPU
+per request (/proc/<pid>/stat); plus each proxy's idle RSS. With several rounds, figures are medians.
 
     .venv/bin/python -m loadtests.proxy_overhead --out /tmp/proxy-overhead.json
 """
@@ -13,17 +13,17 @@ TTFT the gateway adds, throughput both ways and their ratio, and the gateway's C
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
 import secrets
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +33,31 @@ import yaml
 from gateway.keys import hash_key, new_key
 from gateway.localproc import ServerProcess, free_port, kvgate_command, run_server
 from loadtests import loadgen, procstat, pyspy
-from loadtests.loadgen import PhaseStats, Target
+from loadtests.loadgen import Target
+from loadtests.nginx_baseline import nginx_binary, run_nginx
+from loadtests.overhead_report import (
+    DIRECT,
+    FOREIGN_LOAD_WARNING,
+    GATEWAY,
+    Measurement,
+    Summary,
+    print_report,
+    profile_summary,
+    summarize,
+    target_checks,
+    without_nan,
+)
+from loadtests.overhead_report import noise_warnings as find_noise
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+NGINX = "nginx"
 MIB = 1024 * 1024
 IDLE_SETTLE_S = 1.0
+QUIET_PROBE_S = 1.0
+PROFILE_RATE_HZ = 500
 TENANT = "bench"
 PROMPT = "Explain in a few words why a per-tenant cache salt keeps prefix caches apart. " * 3
 ROUTE_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-PROFILE_RATE_HZ = 500
-PROFILE_ROWS = 60
-LOOP_FRAME = "Runner.run (asyncio/runners.py)"  # own samples here are C code under the event loop
-FOREIGN_LOAD_WARNING = 0.05  # a core this much busier than our processes explain: results are noisy
 
 
 @dataclass(frozen=True)
@@ -59,8 +72,11 @@ class Config:
     ttft_ms: float
     token_ms: float
     client_usage: bool
-    gateway_core: int
+    proxy_core: int
     bench_core: int
+    nginx: bool
+    noisy_retries: int
+    quiet_wait_s: float
     log_level: str
     profile_out: Path | None
     profile_concurrency: int
@@ -73,57 +89,39 @@ class Config:
 
 @dataclass(frozen=True)
 class Snapshot:
-    gateway_cpu_s: float
-    gateway_system_s: float
-    upstream_cpu_s: float
-    loadgen_cpu_s: float
+    proxies: dict[str, tuple[float, float]]  # proxy → (CPU seconds, of which system), its whole process tree
+    bench_cpu_s: float  # upstream + load generator
     core_busy_s: dict[int, float]
 
 
 @dataclass(frozen=True)
-class Pids:
-    gateway: int
+class Processes:
+    """PIDs whose CPU the benchmark reads: each proxy's process tree, the upstream, and this process."""
+
+    proxies: dict[str, list[int]]
     upstream: int
     loadgen: int
 
     def snapshot(self) -> Snapshot:
-        user, system = procstat.process_cpu_split(self.gateway)
-        return Snapshot(user + system, system, procstat.process_cpu_s(self.upstream),
-                        procstat.process_cpu_s(self.loadgen), procstat.core_busy_s())
+        proxies = {name: _tree_cpu(pids) for name, pids in self.proxies.items()}
+        bench = procstat.process_cpu_s(self.upstream) + procstat.process_cpu_s(self.loadgen)
+        return Snapshot(proxies, bench, procstat.core_busy_s())
 
-
-@dataclass(frozen=True)
-class Measurement:
-    """One phase: one target at one concurrency in one round."""
-
-    target: str
-    concurrency: int
-    round: int
-    stats: PhaseStats
-    gateway_cpu_ms_per_request: float
-    gateway_system_share: float  # of the gateway's CPU time, the part spent in the kernel
-    gateway_core_busy: float  # share of the window the gateway process was on CPU
-    bench_processes_busy: float  # upstream + load generator CPU, as a share of the window (1.0 = one core)
-    core_busy: dict[int, float]  # each core's busy share of the window, all processes
-    requests_in_phase: int  # every request of the phase, warm-up and drain included
+    def rss_mib(self) -> dict[str, float]:
+        return {name: sum(procstat.rss_bytes(pid) for pid in pids) / MIB for name, pids in self.proxies.items()}
 
 
 @dataclass(frozen=True)
 class Outcome:
     measurements: list[Measurement]
-    idle_rss: int
-    rss_after: int
+    idle_rss_mib: dict[str, float]
+    rss_after_mib: dict[str, float]
     profile: dict[str, Any] | None
 
 
-@dataclass
-class Summary:
-    concurrency: int
-    direct: dict[str, float] = field(default_factory=dict)
-    gateway: dict[str, float] = field(default_factory=dict)
-    added_ttft_p50_ms: float = math.nan
-    added_ttft_p99_ms: float = math.nan
-    throughput_ratio: float = math.nan
+def _tree_cpu(pids: list[int]) -> tuple[float, float]:
+    splits = [procstat.process_cpu_split(pid) for pid in pids]
+    return sum(user + system for user, system in splits), sum(system for _, system in splits)
 
 
 # -- set-up -------------------------------------------------------------------------------------------
@@ -136,32 +134,38 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
     parser.add_argument("--duration", type=float, default=10.0, help="measurement window per phase, s")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up before each window, s")
-    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; figures are medians")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds in rotating order; figures are medians")
     parser.add_argument("--route", choices=sorted(ROUTE_PATHS), default="chat")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--token-ms", type=float, default=2.0)
     parser.add_argument("--no-client-usage", dest="client_usage", action="store_false",
                         help="clients do not ask for usage (the gateway then asks and strips the usage event)")
-    parser.add_argument("--gateway-core", type=int, default=1)
+    parser.add_argument("--proxy-core", type=int, default=1, help="core of the gateway (and nginx)")
     parser.add_argument("--bench-core", type=int, default=0, help="core of the upstream and load generator")
+    parser.add_argument("--no-nginx", dest="nginx", action="store_false", help="skip the nginx reference")
+    parser.add_argument("--noisy-retries", type=int, default=2,
+                        help="run a phase again, at most this often, while another workload shares the cores")
+    parser.add_argument("--quiet-wait", type=float, default=30.0,
+                        help="before each phase, wait at most this long (s) for the cores to be free of other work")
     parser.add_argument("--log-level", default="info", help="the gateway's KVGATE_LOG_LEVEL")
     parser.add_argument("--profile-out", type=Path, help="also record the gateway with py-spy (collapsed stacks)")
     parser.add_argument("--profile-concurrency", type=int, default=256)
-    parser.add_argument("--profile-native", action="store_true", help="py-spy --native (C frames too)")
+    parser.add_argument("--profile-native", action="store_true", help="py-spy --native (C frames; pauses)")
     args = parser.parse_args(argv)
     return Config(
         out=args.out, concurrency=tuple(args.concurrency), duration_s=args.duration, warmup_s=args.warmup,
         rounds=args.rounds, route=args.route, tokens=args.tokens, ttft_ms=args.ttft_ms, token_ms=args.token_ms,
-        client_usage=args.client_usage, gateway_core=args.gateway_core, bench_core=args.bench_core,
-        log_level=args.log_level, profile_out=args.profile_out, profile_concurrency=args.profile_concurrency,
+        client_usage=args.client_usage, proxy_core=args.proxy_core, bench_core=args.bench_core, nginx=args.nginx,
+        noisy_retries=args.noisy_retries, quiet_wait_s=args.quiet_wait, log_level=args.log_level,
+        profile_out=args.profile_out, profile_concurrency=args.profile_concurrency,
         profile_native=args.profile_native,
     )
 
 
 def check_cores(config: Config) -> None:
     available = procstat.process_affinity(0)
-    wanted = {config.gateway_core, config.bench_core}
+    wanted = {config.proxy_core, config.bench_core}
     if len(wanted) != 2 or not wanted <= available:
         raise SystemExit(f"need two distinct cores out of {sorted(available)}, got {sorted(wanted)}")
 
@@ -190,11 +194,11 @@ def request_body(config: Config) -> bytes:
     return json.dumps(body).encode()
 
 
-def targets(config: Config, upstream: str, gateway: str, key: str) -> tuple[Target, Target]:
-    path = ROUTE_PATHS[config.route]
+def make_targets(config: Config, urls: dict[str, str], key: str) -> list[Target]:
+    """The same request, sent to each base URL (direct first)."""
     headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
-    body = request_body(config)
-    return Target("direct", upstream + path, headers, body), Target("gateway", gateway + path, headers, body)
+    path, body = ROUTE_PATHS[config.route], request_body(config)
+    return [Target(name, url + path, headers, body) for name, url in urls.items()]
 
 
 def expected_events(config: Config) -> int:
@@ -207,211 +211,124 @@ def importable_here() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(paths)}
 
 
+def start_upstream(config: Config, work: Path) -> AbstractContextManager[ServerProcess]:
+    port = free_port()
+    argv = [sys.executable, "-m", "loadtests.fast_upstream", "--port", str(port), "--ttft-ms", str(config.ttft_ms),
+            "--token-ms", str(config.token_ms), "--tokens", str(config.tokens)]
+    return run_server(argv, port, work / "upstream.log", env=importable_here(), ready_path="/health")
+
+
+def start_gateway(
+    config: Config, work: Path, upstream_url: str
+) -> tuple[AbstractContextManager[ServerProcess], str]:
+    key = write_policies(work / "policies", upstream_url)
+    port = free_port()
+    env = {"KVGATE_SALT_SECRET": "bench-" + secrets.token_hex(16), "KVGATE_LOG_LEVEL": config.log_level}
+    argv = kvgate_command("serve", "--policies", str(work / "policies"), "--port", str(port))
+    return run_server(argv, port, work / "gateway.log", env=env), key
+
+
 @contextmanager
-def servers(config: Config, work: Path) -> Iterator[tuple[ServerProcess, ServerProcess, str]]:
-    """The fast upstream (bench core) and one gateway worker (gateway core); stopped by PID on exit."""
-    upstream_port, gateway_port = free_port(), free_port()
-    upstream_argv = [sys.executable, "-m", "loadtests.fast_upstream", "--port", str(upstream_port),
-                     "--ttft-ms", str(config.ttft_ms), "--token-ms", str(config.token_ms),
-                     "--tokens", str(config.tokens)]
+def servers(config: Config, work: Path) -> Iterator[tuple[ServerProcess, dict[str, ServerProcess], str]]:
+    """The fast upstream (bench core) and the proxies (proxy core); all stopped by PID on exit."""
     with ExitStack() as stack:
-        upstream = stack.enter_context(run_server(upstream_argv, upstream_port, work / "upstream.log",
-                                                  env=importable_here(), ready_path="/health"))
-        key = write_policies(work / "policies", upstream.url)
-        gateway_env = {"KVGATE_SALT_SECRET": "bench-" + secrets.token_hex(16), "KVGATE_LOG_LEVEL": config.log_level}
-        gateway_argv = kvgate_command("serve", "--policies", str(work / "policies"), "--port", str(gateway_port))
-        gateway = stack.enter_context(run_server(gateway_argv, gateway_port, work / "gateway.log", env=gateway_env))
-        procstat.pin_process(gateway.popen.pid, {config.gateway_core})
-        yield upstream, gateway, key
+        upstream = stack.enter_context(start_upstream(config, work))
+        gateway_cm, key = start_gateway(config, work, upstream.url)
+        proxies = {GATEWAY: stack.enter_context(gateway_cm)}
+        binary = nginx_binary() if config.nginx else None
+        if binary is not None:
+            proxies[NGINX] = stack.enter_context(run_nginx(binary, work / "nginx", upstream.url))
+        for proxy in proxies.values():
+            for pid in procstat.process_tree(proxy.popen.pid):
+                procstat.pin_process(pid, {config.proxy_core})
+        yield upstream, proxies, key
 
 
 # -- measuring ----------------------------------------------------------------------------------------
 
 
-async def sanity_check(pair: tuple[Target, Target], expected: int) -> None:
+async def sanity_check(targets: Sequence[Target], expected: int) -> None:
     async with loadgen.new_session(1) as session:
-        for target in pair:
+        for target in targets:
             sample = await loadgen.one_request(session, target)
             if not sample.ok or sample.events != expected:
                 raise RuntimeError(f"{target.name}: ok={sample.ok}, {sample.events} events (expected {expected})")
 
 
 async def measure_phase(
-    config: Config, target: Target, concurrency: int, round_index: int, snapshot: Callable[[], Snapshot]
+    config: Config, target: Target, concurrency: int, round_index: int, processes: Processes
 ) -> Measurement:
     run = await loadgen.run_phase(target, concurrency, config.warmup_s, config.duration_s, config.stream_s,
-                                  snapshot)
+                                  processes.snapshot)
     stats = loadgen.summarize(run.samples, run.start.at, run.end.at)
     before, after = run.start.value, run.end.value
     window = run.end.at - run.start.at
-    gateway_cpu = after.gateway_cpu_s - before.gateway_cpu_s
-    gateway_system = after.gateway_system_s - before.gateway_system_s
-    bench_cpu = (after.upstream_cpu_s - before.upstream_cpu_s) + (after.loadgen_cpu_s - before.loadgen_cpu_s)
+    used = {name: (after.proxies[name][0] - cpu, after.proxies[name][1] - system)
+            for name, (cpu, system) in before.proxies.items()}
+    proxy_cpu, proxy_system = used.get(target.name, (math.nan, math.nan))
     cores = {core: (after.core_busy_s[core] - busy) / window for core, busy in before.core_busy_s.items()}
+    own = {config.proxy_core: sum(cpu for cpu, _ in used.values()) / window,
+           config.bench_core: (after.bench_cpu_s - before.bench_cpu_s) / window}
     return Measurement(
         target=target.name, concurrency=concurrency, round=round_index, stats=stats,
-        gateway_cpu_ms_per_request=gateway_cpu * 1000 / stats.completed if stats.completed else math.nan,
-        gateway_system_share=gateway_system / gateway_cpu if gateway_cpu else math.nan,
-        gateway_core_busy=gateway_cpu / window, bench_processes_busy=bench_cpu / window, core_busy=cores,
-        requests_in_phase=len(run.samples),
+        proxy_cpu_ms_per_request=proxy_cpu * 1000 / stats.completed if stats.completed else math.nan,
+        proxy_system_share=proxy_system / proxy_cpu if proxy_cpu else math.nan,
+        proxy_core_busy=proxy_cpu / window, bench_processes_busy=own[config.bench_core], core_busy=cores,
+        foreign_busy={core: cores[core] - busy for core, busy in own.items()}, requests_in_phase=len(run.samples),
     )
 
 
-async def measure_all(config: Config, pair: tuple[Target, Target], pids: Pids) -> list[Measurement]:
-    await sanity_check(pair, expected_events(config))
+async def wait_for_quiet(config: Config, processes: Processes) -> None:
+    """Wait (at most `quiet_wait_s`) for a second in which no other workload kept either core busy."""
+    deadline = time.monotonic() + config.quiet_wait_s
+    while time.monotonic() < deadline:
+        before, started = processes.snapshot(), time.monotonic()
+        await asyncio.sleep(QUIET_PROBE_S)
+        after, elapsed = processes.snapshot(), time.monotonic() - started
+        ours = {config.proxy_core: sum(after.proxies[name][0] - cpu for name, (cpu, _) in before.proxies.items()),
+                config.bench_core: after.bench_cpu_s - before.bench_cpu_s}
+        foreign = [(after.core_busy_s[core] - before.core_busy_s[core] - own) / elapsed for core, own in ours.items()]
+        if max(foreign) <= FOREIGN_LOAD_WARNING:
+            return
+
+
+async def quietest_phase(
+    config: Config, target: Target, concurrency: int, round_index: int, processes: Processes
+) -> Measurement:
+    """Run a phase; while another workload disturbed it, run it again (at most `noisy_retries` times)."""
+    tries: list[Measurement] = []
+    while len(tries) <= config.noisy_retries:
+        await wait_for_quiet(config, processes)
+        tries.append(await measure_phase(config, target, concurrency, round_index, processes))
+        print(progress_line(tries[-1]), file=sys.stderr, flush=True)
+        if tries[-1].foreign_load <= FOREIGN_LOAD_WARNING:
+            break
+    return min(tries, key=lambda measured: measured.foreign_load)
+
+
+async def measure_all(config: Config, targets: list[Target], processes: Processes) -> list[Measurement]:
+    await sanity_check(targets, expected_events(config))
     measurements: list[Measurement] = []
     for round_index in range(config.rounds):
         for position, concurrency in enumerate(config.concurrency):
-            order = pair if (round_index + position) % 2 == 0 else pair[::-1]
-            for target in order:
-                measured = await measure_phase(config, target, concurrency, round_index, pids.snapshot)
-                print(progress_line(measured), file=sys.stderr, flush=True)
-                measurements.append(measured)
+            shift = (round_index + position) % len(targets)
+            for target in targets[shift:] + targets[:shift]:
+                measurements.append(await quietest_phase(config, target, concurrency, round_index, processes))
     return measurements
 
 
-async def profile_phase(config: Config, gateway: Target, pids: Pids, output: Path) -> Measurement:
-    with pyspy.recording(pids.gateway, output, rate_hz=PROFILE_RATE_HZ, native=config.profile_native):
-        return await measure_phase(config, gateway, config.profile_concurrency, -1, pids.snapshot)
+async def profile_phase(config: Config, gateway: Target, processes: Processes, output: Path) -> Measurement:
+    with pyspy.recording(processes.proxies[GATEWAY][0], output, rate_hz=PROFILE_RATE_HZ,
+                         native=config.profile_native):
+        return await measure_phase(config, gateway, config.profile_concurrency, -1, processes)
 
 
 def progress_line(measured: Measurement) -> str:
     stats = measured.stats
     return (f"  round {measured.round} c={measured.concurrency:<4} {measured.target:<8} "
             f"{stats.requests_per_s:8.1f} req/s  TTFT p50 {stats.ttft_p50_ms:7.2f} ms  p99 {stats.ttft_p99_ms:7.2f} ms"
-            f"  errors {stats.errors}  gateway CPU {measured.gateway_core_busy:5.1%}")
-
-
-# -- summarising --------------------------------------------------------------------------------------
-
-
-def phase_figures(measured: Measurement) -> dict[str, float]:
-    stats = measured.stats
-    return {
-        "ttft_p50_ms": stats.ttft_p50_ms, "ttft_p99_ms": stats.ttft_p99_ms, "requests_per_s": stats.requests_per_s,
-        "completed": stats.completed, "errors": stats.errors, "events_per_request": stats.events_per_request,
-        "gateway_cpu_ms_per_request": measured.gateway_cpu_ms_per_request,
-        "gateway_system_share": measured.gateway_system_share,
-        "gateway_core_busy": measured.gateway_core_busy, "bench_processes_busy": measured.bench_processes_busy,
-    }
-
-
-def medians(rows: list[dict[str, float]]) -> dict[str, float]:
-    return {name: statistics.median(row[name] for row in rows) for name in rows[0]} if rows else {}
-
-
-def summarize(measurements: list[Measurement], concurrency: int) -> Summary:
-    summary = Summary(concurrency)
-    here = [measured for measured in measurements if measured.concurrency == concurrency]
-    summary.direct = medians([phase_figures(m) for m in here if m.target == "direct"])
-    summary.gateway = medians([phase_figures(m) for m in here if m.target == "gateway"])
-    if summary.direct and summary.gateway:
-        summary.added_ttft_p50_ms = summary.gateway["ttft_p50_ms"] - summary.direct["ttft_p50_ms"]
-        summary.added_ttft_p99_ms = summary.gateway["ttft_p99_ms"] - summary.direct["ttft_p99_ms"]
-        summary.throughput_ratio = summary.gateway["requests_per_s"] / summary.direct["requests_per_s"]
-    return summary
-
-
-def target_checks(summaries: list[Summary]) -> dict[str, dict[str, Any]]:
-    """This slice's targets, and the nginx-parity bar of proxy-costs.md, where the concurrency was run."""
-    by_c = {summary.concurrency: summary for summary in summaries}
-    checks: dict[str, dict[str, Any]] = {}
-
-    def check(name: str, concurrency: int, value: Callable[[Summary], float], limit: float, upper: bool) -> None:
-        if concurrency in by_c:
-            measured = value(by_c[concurrency])
-            checks[name] = {"measured": measured, "limit": limit,
-                            "met": measured <= limit if upper else measured >= limit}
-
-    check("slice: added TTFT p50 at c=32 <= 1 ms", 32, lambda s: s.added_ttft_p50_ms, 1.0, upper=True)
-    check("slice: throughput at c=256 >= 0.8x direct", 256, lambda s: s.throughput_ratio, 0.8, upper=False)
-    check("bar: added TTFT p50 at c=32 <= 0.3 ms", 32, lambda s: s.added_ttft_p50_ms, 0.3, upper=True)
-    check("bar: added TTFT p50 at c=256 <= 2 ms", 256, lambda s: s.added_ttft_p50_ms, 2.0, upper=True)
-    check("bar: throughput at c=256 >= 0.93x direct", 256, lambda s: s.throughput_ratio, 0.93, upper=False)
-    return checks
-
-
-def noise_warnings(measurements: list[Measurement], config: Config) -> list[str]:
-    """Phases where a core was busier than our own processes explain (another workload on the machine)."""
-    warnings = []
-    for measured in measurements:
-        ours = {config.gateway_core: measured.gateway_core_busy, config.bench_core: measured.bench_processes_busy}
-        for core, own in ours.items():
-            foreign = measured.core_busy[core] - own
-            if foreign > FOREIGN_LOAD_WARNING:
-                warnings.append(f"round {measured.round} c={measured.concurrency} {measured.target}: core {core} "
-                                f"{foreign:.0%} busier than the benchmark's own processes")
-    return warnings
-
-
-def table(summaries: list[Summary]) -> str:
-    header = ("   c | TTFT p50 direct / gw (ms) | TTFT p99 direct / gw (ms) | added p50 | added p99 "
-              "| req/s direct / gw | ratio | gw CPU/req (sys) | gw core")
-    lines = [header, "-" * len(header)]
-    for s in summaries:
-        d, g = s.direct, s.gateway
-        lines.append(
-            f"{s.concurrency:>4} | {d['ttft_p50_ms']:>11.2f} / {g['ttft_p50_ms']:>9.2f} "
-            f"| {d['ttft_p99_ms']:>11.2f} / {g['ttft_p99_ms']:>9.2f} "
-            f"| {s.added_ttft_p50_ms:>+6.2f} ms | {s.added_ttft_p99_ms:>+6.2f} ms "
-            f"| {d['requests_per_s']:>7.1f} / {g['requests_per_s']:>7.1f} | {s.throughput_ratio:>5.2f} "
-            f"| {g['gateway_cpu_ms_per_request']:>6.3f} ms ({g['gateway_system_share']:>3.0%}) "
-            f"| {g['gateway_core_busy']:>6.1%}"
-        )
-    return "\n".join(lines)
-
-
-def report(config: Config, outcome: Outcome, summaries: list[Summary]) -> dict[str, Any]:
-    measurements = outcome.measurements
-    return {
-        "config": {**asdict(config), "out": str(config.out),
-                   "profile_out": str(config.profile_out) if config.profile_out else None},
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "at": time.strftime("%Y-%m-%dT%H:%M:%S")},
-        "expected_events_per_request": expected_events(config),
-        "gateway_idle_rss_mib": outcome.idle_rss / MIB,
-        "gateway_rss_after_mib": outcome.rss_after / MIB,
-        "summary": [asdict(summary) for summary in summaries],
-        "targets": target_checks(summaries),
-        "noise_warnings": noise_warnings(measurements, config),
-        "phases": [asdict(measured) for measured in measurements],
-        "profile": outcome.profile,
-    }
-
-
-def print_report(result: dict[str, Any], summaries: list[Summary]) -> None:
-    print(table(summaries))
-    print(f"gateway RSS: idle {result['gateway_idle_rss_mib']:.1f} MiB, after the run "
-          f"{result['gateway_rss_after_mib']:.1f} MiB")
-    for name, check in result["targets"].items():
-        print(f"{'met ' if check['met'] else 'MISS'}  {name}: {check['measured']:.3f}")
-    for warning in result["noise_warnings"]:
-        print(f"warning: {warning}")
-    profile = result["profile"]
-    if profile is not None:
-        print(f"py-spy profile of the gateway at c={profile['concurrency']} ({profile['path']}), "
-              f"{profile['cpu_ms_per_request'] * 1000:.0f} µs CPU per request, of which Python frames sampled "
-              f"{profile['python_us_per_request']:.0f} µs; functions by own time, µs per request (own / inclusive); "
-              f"'{LOOP_FRAME}' own = idle + C under the event loop:")
-        for row in profile["functions"][:25]:
-            print(f"  {row['own_us']:7.1f} / {row['inclusive_us']:7.1f}  {row['function']}")
-
-
-def profile_summary(path: Path, measured: Measurement) -> dict[str, Any]:
-    """py-spy samples as µs per request (every request of the phase). py-spy's sampling in non-blocking mode
-    cannot tell idle from C work under the event loop: both land on the loop frame, which is left out of
-    `python_us_per_request`. On a busy machine a preempted process is sampled too (see noise_warnings)."""
-    stacks = pyspy.read_collapsed(path)
-    us_per_sample = 1e6 / PROFILE_RATE_HZ / max(1, measured.requests_in_phase)
-    functions = pyspy.by_function(stacks)
-    loop_own = sum(row.own for row in functions if row.function == LOOP_FRAME)
-    return {
-        "path": str(path), "concurrency": measured.concurrency, "rate_hz": PROFILE_RATE_HZ,
-        "samples": sum(count for _, count in stacks), "phase": phase_figures(measured),
-        "cpu_ms_per_request": measured.gateway_cpu_ms_per_request,
-        "python_us_per_request": (sum(row.own for row in functions) - loop_own) * us_per_sample,
-        "functions": [{"function": row.function, "own_us": row.own * us_per_sample,
-                       "inclusive_us": row.inclusive * us_per_sample} for row in functions[:PROFILE_ROWS]],
-    }
+            f"  errors {stats.errors}  proxy CPU {measured.proxy_core_busy:5.1%}"
+            f"  foreign load {measured.foreign_load:4.0%}")
 
 
 # -- main ---------------------------------------------------------------------------------------------
@@ -421,40 +338,49 @@ def run(config: Config) -> Outcome:
     check_cores(config)
     os.sched_setaffinity(0, {config.bench_core})  # children (the upstream) inherit the bench core
     with tempfile.TemporaryDirectory(prefix="kvgate-overhead-") as tmp, servers(config, Path(tmp)) as running:
-        upstream, gateway, key = running
-        pids = Pids(gateway.popen.pid, upstream.popen.pid, os.getpid())
+        upstream, proxies, key = running
+        trees = {name: procstat.process_tree(proxy.popen.pid) for name, proxy in proxies.items()}
+        processes = Processes(trees, upstream.popen.pid, os.getpid())
         time.sleep(IDLE_SETTLE_S)  # let start-up allocations settle before reading idle RSS
-        idle_rss = procstat.rss_bytes(pids.gateway)
-        pair = targets(config, upstream.url, gateway.url, key)
+        idle_rss = processes.rss_mib()
+        targets = make_targets(config, {DIRECT: upstream.url, **{name: p.url for name, p in proxies.items()}}, key)
         try:
-            measurements = uvloop.run(measure_all(config, pair, pids))
+            measurements = uvloop.run(measure_all(config, targets, processes))
             profile = None
             if config.profile_out is not None:
-                profiled = uvloop.run(profile_phase(config, pair[1], pids, config.profile_out))
-                profile = profile_summary(config.profile_out, profiled)
+                gateway = next(target for target in targets if target.name == GATEWAY)
+                profiled = uvloop.run(profile_phase(config, gateway, processes, config.profile_out))
+                profile = profile_summary(config.profile_out, profiled, PROFILE_RATE_HZ)
         except Exception:
-            print(f"gateway log tail:\n{gateway.log_text()[-3000:]}", file=sys.stderr)
+            print(f"gateway log tail:\n{proxies[GATEWAY].log_text()[-3000:]}", file=sys.stderr)
             raise
-        return Outcome(measurements, idle_rss, procstat.rss_bytes(pids.gateway), profile)
+        return Outcome(measurements, idle_rss, processes.rss_mib(), profile)
 
 
-def without_nan(value: Any) -> Any:
-    """JSON has no NaN: figures that could not be measured become null."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {key: without_nan(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [without_nan(item) for item in value]
-    return value
+def report(config: Config, outcome: Outcome, summaries: list[Summary]) -> dict[str, Any]:
+    return {
+        "config": {**asdict(config), "out": str(config.out),
+                   "profile_out": str(config.profile_out) if config.profile_out else None},
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                    "at": time.strftime("%Y-%m-%dT%H:%M:%S")},
+        "expected_events_per_request": expected_events(config),
+        "idle_rss_mib": outcome.idle_rss_mib,
+        "rss_after_mib": outcome.rss_after_mib,
+        "summary": [asdict(summary) for summary in summaries],
+        "targets": target_checks(summaries),
+        "noise_warnings": find_noise(outcome.measurements),
+        "phases": [asdict(measured) for measured in outcome.measurements],
+        "profile": outcome.profile,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     outcome = run(config)
-    summaries = [summarize(outcome.measurements, concurrency) for concurrency in config.concurrency]
+    names = [name for name in (DIRECT, GATEWAY, NGINX) if any(m.target == name for m in outcome.measurements)]
+    summaries = [summarize(outcome.measurements, concurrency, names) for concurrency in config.concurrency]
     result = report(config, outcome, summaries)
-    print_report(result, summaries)
+    print_report(result, summaries, print)
     config.out.write_text(json.dumps(without_nan(result), indent=2, default=str) + "\n")
     print(f"wrote {config.out}")
     return 0

@@ -19,7 +19,7 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/python -m pip install -q -e '.[test,loadtest]'
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check . >/dev/null 2>&1 || echo "note: ruff format would reformat some files"

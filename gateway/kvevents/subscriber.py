@@ -160,8 +160,12 @@ class Subscriber:
         return True
 
     async def _probe(self) -> None:
-        """Idle: ask replay for anything missed; it also tells whether the publisher is still there."""
-        if not self._replay_answered or await self._catch_up(self.tracker.expected):
+        """Idle: ask replay for anything missed; it also tells whether the publisher is still there.
+
+        The probe runs even before replay has ever answered (the gateway may start before vLLM), but a
+        source is only declared lost once its replay endpoint has answered at least once.
+        """
+        if await self._catch_up(self.tracker.expected) or not self._replay_answered:
             return
         silent_for = time.monotonic() - self._last_sign_of_life
         if not self._lost and silent_for >= self.timing.lost_after_s:

@@ -51,6 +51,7 @@ class VllmPublisher:
         self.topic = topic
         self.replay_topic_frame = replay_topic_frame
         self.answer_replay = True
+        self.replays_answered = 0
         self.next_seq = 0
         self._context = zmq.Context()
         self._pub, self._router, self.port = self._bind_pair()
@@ -111,6 +112,7 @@ class VllmPublisher:
             identity, _empty, start = self._router.recv_multipart()
             if self.answer_replay:
                 self._answer(identity, int.from_bytes(start, "big"))
+                self.replays_answered += 1
 
     def _answer(self, identity: bytes, start: int) -> None:
         topic = [self.topic] if self.replay_topic_frame else []

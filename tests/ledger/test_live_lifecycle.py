@@ -114,6 +114,31 @@ def test_a_source_that_stops_answering_is_closed(tmp_path: Path, backend: Backen
     asyncio.run(scenario())
 
 
+def test_a_source_that_starts_after_the_gateway_can_still_be_reported_lost(
+    tmp_path: Path, backend: Backend, publisher: VllmPublisher
+) -> None:
+    publisher.answer_replay = False  # vLLM is not up yet when the gateway starts
+
+    async def scenario() -> None:
+        async with running_ledger(_policies(tmp_path, publisher), backend) as ledger:
+            block = 0
+            while counts(await ledger.audit(), "acme", "GPU")[2] == 0 and block < 400:
+                block += 1  # early batches miss a subscriber that is still connecting, and replay is down
+                publisher.publish([stored([block], salt=_salt("acme"))])
+                await asyncio.sleep(0.05)
+            publisher.answer_replay = True  # vLLM's replay endpoint comes up after its first events
+            deadline = time.monotonic() + 30
+            while publisher.replays_answered == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # polling until the gateway's idle probe has reached it
+            publisher.answer_replay = False
+            report = await eventually(ledger.audit, lambda r: counts(r, "acme", "GPU")[2] == 0)
+            stored_blocks = counts(report, "acme", "GPU")[0]
+            assert stored_blocks > 0
+            assert report["tenants"]["acme"]["GPU"]["closed_by"] == {"lost": stored_blocks}
+
+    asyncio.run(scenario())
+
+
 def test_a_gateway_restart_resumes_from_the_store(tmp_path: Path, backend: Backend, publisher: VllmPublisher) -> None:
     root = _policies(tmp_path, publisher)
     now = time.time()

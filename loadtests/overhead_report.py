@@ -34,6 +34,7 @@ class Measurement:
     core_busy: dict[int, float]  # each core's busy share of the window, all processes
     foreign_busy: dict[int, float]  # each core's busy share that the benchmark's own processes do not explain
     requests_in_phase: int  # every request of the phase, warm-up and drain included
+    gateway_side: dict[str, float]  # the gateway's own TTFT and overhead (p50/p99, from its log); gateway only
 
     @property
     def foreign_load(self) -> float:
@@ -57,6 +58,7 @@ def phase_figures(measured: Measurement) -> dict[str, float]:
         "proxy_cpu_ms_per_request": measured.proxy_cpu_ms_per_request,
         "proxy_system_share": measured.proxy_system_share, "proxy_core_busy": measured.proxy_core_busy,
         "bench_processes_busy": measured.bench_processes_busy, "foreign_load": measured.foreign_load,
+        **{f"gateway_side_{name}": value for name, value in measured.gateway_side.items()},
     }
 
 
@@ -159,8 +161,23 @@ def profile_summary(path: Path, measured: Measurement, rate_hz: int) -> dict[str
     }
 
 
+def gateway_side_lines(summaries: Sequence[Summary]) -> list[str]:
+    """The gateway's own view (its log): TTFT from arrival to relaying the first content event, and overhead."""
+    lines = []
+    for summary in summaries:
+        figures = summary.by_target.get(GATEWAY, {})
+        if "gateway_side_ttft_p50_ms" in figures:
+            lines.append(
+                f"c={summary.concurrency}: gateway-side TTFT p50/p99 {figures['gateway_side_ttft_p50_ms']:.2f} / "
+                f"{figures['gateway_side_ttft_p99_ms']:.2f} ms, overhead before upstream p50/p99 "
+                f"{figures['gateway_side_overhead_p50_ms']:.3f} / {figures['gateway_side_overhead_p99_ms']:.3f} ms")
+    return lines
+
+
 def print_report(result: dict[str, Any], summaries: Sequence[Summary], say: Callable[[str], None]) -> None:
     say(table(summaries))
+    for line in gateway_side_lines(summaries):
+        say(line)
     for proxy, rss in result["idle_rss_mib"].items():
         say(f"{proxy} RSS: idle {rss:.1f} MiB, after the run {result['rss_after_mib'][proxy]:.1f} MiB")
     for name, check in result["targets"].items():

@@ -92,6 +92,7 @@ class Snapshot:
     proxies: dict[str, tuple[float, float]]  # proxy → (CPU seconds, of which system), its whole process tree
     bench_cpu_s: float  # upstream + load generator
     core_busy_s: dict[int, float]
+    gateway_log_bytes: int  # size of the gateway's log: its request lines in a window lie between two sizes
 
 
 @dataclass(frozen=True)
@@ -101,11 +102,12 @@ class Processes:
     proxies: dict[str, list[int]]
     upstream: int
     loadgen: int
+    gateway_log: Path
 
     def snapshot(self) -> Snapshot:
         proxies = {name: _tree_cpu(pids) for name, pids in self.proxies.items()}
         bench = procstat.process_cpu_s(self.upstream) + procstat.process_cpu_s(self.loadgen)
-        return Snapshot(proxies, bench, procstat.core_busy_s())
+        return Snapshot(proxies, bench, procstat.core_busy_s(), self.gateway_log.stat().st_size)
 
     def rss_mib(self) -> dict[str, float]:
         return {name: sum(procstat.rss_bytes(pid) for pid in pids) / MIB for name, pids in self.proxies.items()}
@@ -269,13 +271,30 @@ async def measure_phase(
     cores = {core: (after.core_busy_s[core] - busy) / window for core, busy in before.core_busy_s.items()}
     own = {config.proxy_core: sum(cpu for cpu, _ in used.values()) / window,
            config.bench_core: (after.bench_cpu_s - before.bench_cpu_s) / window}
+    inside = gateway_side(processes.gateway_log, before.gateway_log_bytes, after.gateway_log_bytes)
     return Measurement(
         target=target.name, concurrency=concurrency, round=round_index, stats=stats,
+        gateway_side=inside if target.name == GATEWAY else {},
         proxy_cpu_ms_per_request=proxy_cpu * 1000 / stats.completed if stats.completed else math.nan,
         proxy_system_share=proxy_system / proxy_cpu if proxy_cpu else math.nan,
         proxy_core_busy=proxy_cpu / window, bench_processes_busy=own[config.bench_core], core_busy=cores,
         foreign_busy={core: cores[core] - busy for core, busy in own.items()}, requests_in_phase=len(run.samples),
     )
+
+
+def gateway_side(log: Path, start: int, end: int) -> dict[str, float]:
+    """The gateway's own view of the requests it finished in a window, from its request log lines: TTFT from
+    arrival to relaying the first content event, and its overhead before upstream (p50/p99, ms)."""
+    with log.open("rb") as file:
+        file.seek(start)
+        lines = file.read(end - start).splitlines()
+    records = [json.loads(line) for line in lines if line.startswith(b"{") and b'"event": "request"' in line]
+    figures: dict[str, float] = {}
+    for field in ("ttft_ms", "overhead_ms"):
+        values = [record[field] for record in records if isinstance(record.get(field), int | float)]
+        figures[f"{field[:-3]}_p50_ms"] = loadgen.percentile(values, 50)
+        figures[f"{field[:-3]}_p99_ms"] = loadgen.percentile(values, 99)
+    return figures
 
 
 async def wait_for_quiet(config: Config, processes: Processes) -> None:
@@ -340,7 +359,7 @@ def run(config: Config) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="kvgate-overhead-") as tmp, servers(config, Path(tmp)) as running:
         upstream, proxies, key = running
         trees = {name: procstat.process_tree(proxy.popen.pid) for name, proxy in proxies.items()}
-        processes = Processes(trees, upstream.popen.pid, os.getpid())
+        processes = Processes(trees, upstream.popen.pid, os.getpid(), proxies[GATEWAY].log_path)
         time.sleep(IDLE_SETTLE_S)  # let start-up allocations settle before reading idle RSS
         idle_rss = processes.rss_mib()
         targets = make_targets(config, {DIRECT: upstream.url, **{name: p.url for name, p in proxies.items()}}, key)

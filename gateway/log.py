@@ -9,6 +9,7 @@ import logging
 import sys
 from typing import Literal
 
+import msgspec
 import structlog
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -16,7 +17,9 @@ LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNI
 
 def configure_logging(fmt: Literal["json", "console"] = "json", level: str = "info") -> None:
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer(serializer=_json)
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
     )
     structlog.configure(
         processors=[
@@ -29,6 +32,10 @@ def configure_logging(fmt: Literal["json", "console"] = "json", level: str = "in
         logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+def _json(event: object, **_: object) -> str:
+    return msgspec.json.encode(event, enc_hook=str).decode()
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:

@@ -7,11 +7,9 @@ which closes the upstream connection, so upstream stops generating.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import msgspec
@@ -25,10 +23,10 @@ from gateway.asgi_io import (
     read_body,
     send_body,
     start_message,
-    wait_disconnect,
 )
 from gateway.assemble import StreamAssembler
 from gateway.balance import UpstreamHealth
+from gateway.disconnect import DisconnectGuard
 from gateway.errors import UnsupportedMediaType, openai_error_body
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import TenantPolicy
@@ -74,7 +72,9 @@ class Proxy:
         outbound = await self._outbound(ex, policies, tenant, route, scope, receive)
         slot = self._mirror(ex, policies, tenant, route, outbound)
         try:
-            if await until_disconnect(self._relay(ex, route, outbound, send), receive):
+            async with DisconnectGuard(receive) as guard:
+                await self._relay(ex, route, outbound, send)
+            if guard.disconnected:
                 ex.outcome = "client_disconnected"
                 ex.status = ex.status or 499
         finally:
@@ -240,20 +240,3 @@ def stream_error_event(path: str, message: str) -> bytes:
     if path == RESPONSES_PATH:
         return b"event: error\ndata: " + error + b"\n\n"
     return b"data: " + error + b"\n\ndata: [DONE]\n\n"
-
-
-async def until_disconnect(work: Coroutine[Any, Any, None], receive: Receive) -> bool:
-    """Run `work`; if the client disconnects first, cancel it. True when the client went away."""
-    try:
-        async with asyncio.TaskGroup() as group:
-            work_task = group.create_task(work)
-            watcher = group.create_task(wait_disconnect(receive))
-            await asyncio.wait((work_task, watcher), return_when=asyncio.FIRST_COMPLETED)
-            gone = watcher.done() and not work_task.done()
-            if gone:
-                work_task.cancel()
-            else:
-                watcher.cancel()
-    except BaseExceptionGroup as failed:
-        raise failed.exceptions[0] from None
-    return gone

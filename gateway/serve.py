@@ -32,6 +32,7 @@ def run_gateway(overrides: dict[str, Any]) -> int:
     config = uvicorn.Config(
         GatewayApp(settings), host=settings.host, port=settings.port, loop="uvloop", http="httptools",
         lifespan="on", access_log=False, log_level="warning", server_header=False, date_header=False,
+        proxy_headers=False,  # the gateway never reads the client address, so skip that middleware
     )
     uvicorn.Server(config).run()
     return 0

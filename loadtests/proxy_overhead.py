@@ -288,7 +288,7 @@ def gateway_side(log: Path, start: int, end: int) -> dict[str, float]:
     with log.open("rb") as file:
         file.seek(start)
         lines = file.read(end - start).splitlines()
-    records = [json.loads(line) for line in lines if line.startswith(b"{") and b'"event": "request"' in line]
+    records = [json.loads(line) for line in lines if line.startswith(b"{") and b'"event":"request"' in line]
     figures: dict[str, float] = {}
     for field in ("ttft_ms", "overhead_ms"):
         values = [record[field] for record in records if isinstance(record.get(field), int | float)]

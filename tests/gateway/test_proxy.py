@@ -259,7 +259,7 @@ def test_logs_never_contain_prompts_keys_or_salts(stack: Stack) -> None:
     marker = "confidential-prompt-marker"
     completion(stack, "acme", marker)
     log = stack.gateway.log_text()
-    assert '"event": "request"' in log
+    assert any(json.loads(line).get("event") == "request" for line in log.splitlines() if line.startswith("{"))
     assert marker not in log
     assert stack.secret not in log
     for tenant, key in stack.policy.keys.items():

@@ -81,6 +81,7 @@ class Config:
     profile_out: Path | None
     profile_concurrency: int
     profile_native: bool
+    shadow_sample: float
 
     @property
     def stream_s(self) -> float:
@@ -154,6 +155,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--profile-out", type=Path, help="also record the gateway with py-spy (collapsed stacks)")
     parser.add_argument("--profile-concurrency", type=int, default=256)
     parser.add_argument("--profile-native", action="store_true", help="py-spy --native (C frames; pauses)")
+    parser.add_argument("--shadow-sample", type=float, default=0.0,
+                        help="mirror this share of requests to a shadow pool (the same fast upstream)")
     args = parser.parse_args(argv)
     return Config(
         out=args.out, concurrency=tuple(args.concurrency), duration_s=args.duration, warmup_s=args.warmup,
@@ -161,7 +164,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         client_usage=args.client_usage, proxy_core=args.proxy_core, bench_core=args.bench_core, nginx=args.nginx,
         noisy_retries=args.noisy_retries, quiet_wait_s=args.quiet_wait, log_level=args.log_level,
         profile_out=args.profile_out, profile_concurrency=args.profile_concurrency,
-        profile_native=args.profile_native,
+        profile_native=args.profile_native, shadow_sample=args.shadow_sample,
     )
 
 
@@ -172,13 +175,14 @@ def check_cores(config: Config) -> None:
         raise SystemExit(f"need two distinct cores out of {sorted(available)}, got {sorted(wanted)}")
 
 
-def write_policies(root: Path, upstream_url: str) -> str:
-    """A one-pool, one-tenant policy directory; returns the tenant's fresh key (never printed)."""
+def write_policies(root: Path, upstream_url: str, shadow_sample: float) -> str:
+    """A one-tenant policy directory (plus a shadow pool on the same upstream); returns the tenant's fresh key."""
     key = new_key()
-    gateway = {"pools": {"bench": {"upstreams": [upstream_url]}}, "default_pool": "bench",
-               "public_paths": ["/livez"]}
+    pools = {"bench": {"upstreams": [upstream_url]}, "shadow": {"upstreams": [upstream_url]}}
+    gateway = {"pools": pools, "default_pool": "bench", "public_paths": ["/livez"]}
     tenant = {"tenant": TENANT, "keys": [{"sha256": hash_key(key), "scopes": ["inference"]}],
-              "cache": {"isolation": "tenant"}, "rollout": {"pool": "bench", "percent": 100}}
+              "cache": {"isolation": "tenant"}, "rollout": {"pool": "bench", "percent": 100},
+              "shadow": {"pool": "shadow", "sample": shadow_sample, "max_in_flight": 256}}
     (root / "tenants").mkdir(parents=True)
     (root / "gateway.yaml").write_text(yaml.safe_dump(gateway, sort_keys=False))
     (root / "tenants" / f"{TENANT}.yaml").write_text(yaml.safe_dump(tenant, sort_keys=False))
@@ -186,7 +190,7 @@ def write_policies(root: Path, upstream_url: str) -> str:
 
 
 def request_body(config: Config) -> bytes:
-    body: dict[str, Any] = {"model": "m", "max_tokens": config.tokens, "stream": True}
+    body: dict[str, Any] = {"model": "m", "max_tokens": config.tokens, "stream": True, "temperature": 0}
     if config.route == "chat":
         body["messages"] = [{"role": "user", "content": PROMPT}]
     else:
@@ -223,7 +227,7 @@ def start_upstream(config: Config, work: Path) -> AbstractContextManager[ServerP
 def start_gateway(
     config: Config, work: Path, upstream_url: str
 ) -> tuple[AbstractContextManager[ServerProcess], str]:
-    key = write_policies(work / "policies", upstream_url)
+    key = write_policies(work / "policies", upstream_url, config.shadow_sample)
     port = free_port()
     env = {"KVGATE_SALT_SECRET": "bench-" + secrets.token_hex(16), "KVGATE_LOG_LEVEL": config.log_level}
     argv = kvgate_command("serve", "--policies", str(work / "policies"), "--port", str(port))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,25 +63,18 @@ def generated_text(raw: bytes) -> str | None:
     return "".join(_body_texts(body)) if isinstance(body, dict) else None
 
 
+# The string values an SSE stream carries generated text in: completions `text`, chat `delta.content`,
+# Responses-API `delta`. Matching the escaped JSON strings keeps this to one C-level scan per stream.
+STREAM_TEXT = re.compile(rb'"(?:text|content|delta)":"((?:[^"\\]|\\.)*)"')
+
+
 def _stream_text(raw: bytes) -> str:
-    parts: list[str] = []
-    for line in raw.split(b"\n"):
-        payload = line[5:].strip() if line.startswith(b"data:") else b""
-        if payload and payload != b"[DONE]":
-            parts.extend(_chunk_texts(payload))
-    return "".join(parts)
-
-
-def _chunk_texts(payload: bytes) -> list[str]:
+    escaped = b"".join(STREAM_TEXT.findall(raw))
     try:
-        chunk = msgspec.json.decode(payload)
+        text = msgspec.json.decode(b'"' + escaped + b'"')
     except msgspec.DecodeError:
-        return []
-    if not isinstance(chunk, dict):
-        return []
-    if chunk.get("type") == "response.output_text.delta":
-        return [str(chunk.get("delta", ""))]
-    return [_choice_text(choice) for choice in chunk.get("choices") or []]
+        return ""
+    return text if isinstance(text, str) else ""
 
 
 def _body_texts(body: dict[str, Any]) -> list[str]:

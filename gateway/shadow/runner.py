@@ -123,14 +123,14 @@ class ShadowRunner:
             self._count(call.tenant, "error")
             return
         pair = pair_record(call.tenant, call.pools, primary, shadow, call.deterministic, time.time())
-        self._count(call.tenant, "compared")
+        self.metrics.shadow_requests.labels(call.tenant, "compared").inc()
         if pair.ttft_delta_s is not None:
             self.metrics.shadow_ttft_delta.labels(call.tenant).observe(pair.ttft_delta_s)
         if pair.mismatch:
             self.metrics.shadow_mismatches.labels(call.tenant).inc()
             log.warning("shadow_output_mismatch", tenant=call.tenant, primary_request_id=primary.request_id,
                         shadow_request_id=shadow.request_id, pools=list(call.pools))
-        await self.store.add_pair(pair)
+        await self.store.add_pair(pair)  # counts the pair as compared in the same write
 
     def _count(self, tenant: str, outcome: str) -> None:
         self.metrics.shadow_requests.labels(tenant, outcome).inc()
@@ -166,14 +166,18 @@ def _whole_result(call: ShadowCall, status: int, body: bytes, duration_s: float)
 
 
 async def _stream_result(call: ShadowCall, response: aiohttp.ClientResponse, started: float) -> ArmResult:
+    """Watch the shadow stream only until its first content; then take the rest in one read."""
     watch = StreamWatch(strip_usage=False)
     captured = bytearray()
     first: float | None = None
     async for chunk in response.content.iter_any():
+        captured += chunk
         if watch.feed(chunk)[1]:
             first = time.perf_counter() - started
-        captured += chunk
-    cached = watch.usage.cached_tokens if watch.usage else None
+            break
+    rest = await response.read()
+    captured += rest
     duration = time.perf_counter() - started
+    watch.feed(rest)
+    cached = watch.usage.cached_tokens if watch.usage else None
     return ArmResult(call.request_id, 200, first, duration, cached, generated_text(bytes(captured)))
-

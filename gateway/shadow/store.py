@@ -20,7 +20,8 @@ REDIS_PREFIX = "kvgate:shadow"
 
 
 class ShadowStore(Protocol):
-    async def add_pair(self, pair: PairRecord) -> None: ...
+    async def add_pair(self, pair: PairRecord) -> None:
+        """Store a compared pair and count it as `compared`, in one write."""
     async def count(self, tenant: str, outcome: str) -> None: ...
     async def pairs(self, tenant: str) -> list[PairRecord]: ...
     async def counts(self, tenant: str) -> dict[str, int]: ...
@@ -45,10 +46,15 @@ class SqliteShadowStore:
         "n INTEGER NOT NULL, PRIMARY KEY (tenant, outcome))",
     )
 
+    COUNT_SQL = "INSERT INTO shadow_counts VALUES (?, ?, 1) ON CONFLICT (tenant, outcome) DO UPDATE SET n = n + 1"
+
     def __init__(self, path: Path) -> None:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
         self._lock = threading.Lock()
         self._db.execute("PRAGMA journal_mode=WAL")
+        # Shadow statistics may lose the last writes on a power cut, never their consistency; skipping the
+        # per-commit fsync keeps each pair cheap.
+        self._db.execute("PRAGMA synchronous=NORMAL")
         for statement in self.SCHEMA:
             self._db.execute(statement)
 
@@ -57,13 +63,17 @@ class SqliteShadowStore:
             return self._db.execute(sql, args).fetchall()
 
     async def add_pair(self, pair: PairRecord) -> None:
-        await asyncio.to_thread(self._run, "INSERT INTO shadow_pairs (tenant, pair) VALUES (?, ?)",
-                                (pair.tenant, _encode(pair)))
+        await asyncio.to_thread(self._add_pair, pair)
+
+    def _add_pair(self, pair: PairRecord) -> None:
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("INSERT INTO shadow_pairs (tenant, pair) VALUES (?, ?)", (pair.tenant, _encode(pair)))
+            self._db.execute(self.COUNT_SQL, (pair.tenant, "compared"))
+            self._db.execute("COMMIT")
 
     async def count(self, tenant: str, outcome: str) -> None:
-        sql = ("INSERT INTO shadow_counts VALUES (?, ?, 1) "
-               "ON CONFLICT (tenant, outcome) DO UPDATE SET n = n + 1")
-        await asyncio.to_thread(self._run, sql, (tenant, outcome))
+        await asyncio.to_thread(self._run, self.COUNT_SQL, (tenant, outcome))
 
     async def pairs(self, tenant: str) -> list[PairRecord]:
         sql = "SELECT pair FROM shadow_pairs WHERE tenant = ? ORDER BY id DESC LIMIT ?"
@@ -90,6 +100,7 @@ class RedisShadowStore:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.lpush(key, _encode(pair))
             pipe.ltrim(key, 0, KEEP_PAIRS - 1)
+            pipe.hincrby(f"{REDIS_PREFIX}:counts:{pair.tenant}", "compared", 1)
             await pipe.execute()
 
     async def count(self, tenant: str, outcome: str) -> None:

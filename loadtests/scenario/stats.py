@@ -6,19 +6,12 @@ import random
 import statistics
 from collections.abc import Sequence
 
+from gateway.shadow.stats import quantile
+
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20261129
 
-
-def quantile(values: Sequence[float], q: float) -> float | None:
-    """Linear interpolation between order statistics (numpy's default); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+__all__ = ["mean", "median_ci", "median_difference_ci", "quantile"]
 
 
 def mean(values: Sequence[float]) -> float | None:

@@ -3,37 +3,12 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
 from typing import Any
 
 from gateway.demo.workload import Sample
-
-
-def quantile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [[str(cell) for cell in header], *[[_cell(cell) for cell in row] for row in rows]]
-    widths = [max(len(row[column]) for row in cells) for column in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in cells]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
-
-
-def _cell(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 1)
+from gateway.shadow.stats import quantile
+from gateway.tables import ms as _ms
+from gateway.tables import table
 
 
 def traffic_table(samples: list[Sample]) -> str:
@@ -82,14 +57,4 @@ def retention_table(audit: dict[str, Any]) -> str:
                          violations.get("age", 0), violations.get("medium", 0)])
     header = ["tenant", "medium", "stored", "removed", "resident", "lifetime p50 s", "oldest s",
               "age viol.", "medium viol."]
-    return table(header, rows)
-
-
-def shadow_table(shadow: dict[str, Any]) -> str:
-    rows = []
-    for tenant, stats in sorted(shadow.get("tenants", {}).items()):
-        ci = stats.get("ttft_delta_ci95_s") or [None, None]
-        rows.append([tenant, stats.get("pairs"), _ms(stats.get("ttft_delta_p50_s")), _ms(stats.get("ttft_delta_p90_s")),
-                     f"[{_cell(_ms(ci[0]))}, {_cell(_ms(ci[1]))}]", stats.get("mismatches"), stats.get("verdict", "")])
-    header = ["tenant", "pairs", "ΔTTFT p50 ms", "ΔTTFT p90 ms", "95% CI ms", "mismatches", "note"]
     return table(header, rows)

@@ -11,9 +11,10 @@ from typing import Any
 
 import httpx
 
-from gateway.demo.report import phase_table, retention_table, shadow_table, traffic_table
+from gateway.demo.report import phase_table, retention_table, traffic_table
 from gateway.demo.stack import DemoStack, demo_stack
 from gateway.demo.workload import SPLIT_TENANT, run_workload
+from gateway.shadow.table import shadow_table
 
 
 def run_demo() -> int:

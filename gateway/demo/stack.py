@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import shutil
+import socket
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -46,8 +47,6 @@ def _events_port() -> int:
 
 
 def _is_free(port: int) -> bool:
-    import socket
-
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))

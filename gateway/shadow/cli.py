@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.demo.report import shadow_table
 from gateway.policy.loader import PolicyLoadError, load_policy_set
 from gateway.settings import Settings
 from gateway.shadow.stats import tenant_summary
 from gateway.shadow.store import open_shadow_store
+from gateway.shadow.table import shadow_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -36,8 +36,10 @@ from gateway.proxy import Proxy
 from gateway.record import Exchange, record
 from gateway.routes import FORWARDED_KINDS, ROUTES, Kind, RouteSpec
 from gateway.settings import Settings
+from gateway.shadow.client import ShadowClient
+from gateway.shadow.recorder import ShadowRecorder
 from gateway.shadow.runner import ShadowRunner
-from gateway.shadow.store import ShadowStore, open_shadow_store
+from gateway.shadow.store import open_shadow_store
 from gateway.tasks import TaskSupervisor
 from gateway.upstream import new_session
 
@@ -60,7 +62,6 @@ class State:
     proxy: Proxy
     tasks: TaskSupervisor
     shadow: ShadowRunner
-    shadow_store: ShadowStore
     ledger: LedgerService
     ready: bool = True
 
@@ -115,22 +116,26 @@ class GatewayApp:
         tasks = TaskSupervisor("gateway")
         tasks.spawn(holder.watch(self.settings.reload_interval_s), "policy-watch")
         _on_sighup(holder.request_reload)
-        shadow_store = open_shadow_store(self.settings.redis_url, self.settings.state_path)
         ledger = await LedgerService.open(self.settings, self.metrics, holder, tasks)
         health = UpstreamHealth()
-        shadow = ShadowRunner(session, self.metrics, shadow_store, TaskSupervisor("shadow"), health,
-                              self.settings.shadow_timeout_s)
+        shadow = self._shadow_runner(health, tasks)
         log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants))
         proxy = Proxy(session, self.secret, health, shadow, ledger.remember_user_salt)
-        return State(holder, self.metrics, session, proxy, tasks, shadow, shadow_store, ledger)
+        return State(holder, self.metrics, session, proxy, tasks, shadow, ledger)
+
+    def _shadow_runner(self, health: UpstreamHealth, tasks: TaskSupervisor) -> ShadowRunner:
+        store = open_shadow_store(self.settings.redis_url, self.settings.state_path)
+        recorder = ShadowRecorder(store, self.settings.shadow_flush_interval_s)
+        tasks.spawn(recorder.run(), "shadow-recorder")
+        return ShadowRunner(ShadowClient(self.settings.connect_timeout_s), self.metrics, recorder,
+                            TaskSupervisor("shadow"), health, self.settings.shadow_timeout_s)
 
     async def _shutdown(self, state: State) -> None:
         state.ready = False
         _on_sighup(None)
         await state.ledger.close()
         await state.tasks.close()
-        await state.shadow.tasks.close()
-        await state.shadow_store.close()
+        await state.shadow.close()
         await state.session.close()
         log.info("gateway_stopped")
 

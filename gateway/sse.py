@@ -91,6 +91,16 @@ class StreamWatch:
         return b"".join(kept)
 
 
+def stream_usage(stream: bytes) -> Usage | None:
+    """Usage of a whole SSE stream: its last event that carries usage (the final one when usage is continuous)."""
+    mark = stream.rfind(USAGE_MARK)
+    if mark < 0:
+        return None
+    start = stream.rfind(EVENT_END, 0, mark)
+    end = stream.find(EVENT_END, mark)
+    return _event_usage(stream[start + len(EVENT_END) if start >= 0 else 0 : end if end >= 0 else len(stream)])
+
+
 def _event_usage(event: bytes) -> Usage | None:
     data = b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
     try:

@@ -12,8 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from gateway.balance import UpstreamHealth
 from gateway.errors import UpstreamUnavailable
 from gateway.log import get_logger
@@ -21,12 +19,13 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import TenantPolicy
 from gateway.rollout import draw_percent
+from gateway.shadow.client import ShadowAnswer, ShadowClient
 from gateway.shadow.compare import ArmResult, generated_text, pair_record
+from gateway.shadow.recorder import ShadowRecorder
 from gateway.shadow.stats import tenant_summary
-from gateway.shadow.store import ShadowStore
-from gateway.sse import StreamWatch, usage_from_json
+from gateway.sse import stream_usage, usage_from_json
 from gateway.tasks import TaskSupervisor
-from gateway.upstream import pool_auth, upstream_errors
+from gateway.upstream import pool_auth
 
 log = get_logger(__name__)
 
@@ -42,8 +41,8 @@ class PrimarySlot:
         self.result = result
         self._done.set()
 
-    async def wait(self, timeout_s: float) -> ArmResult | None:
-        await asyncio.wait_for(self._done.wait(), timeout_s)
+    async def wait(self) -> ArmResult | None:
+        await self._done.wait()
         return self.result
 
 
@@ -69,12 +68,12 @@ class ShadowCall:
 
 
 class ShadowRunner:
-    def __init__(self, session: aiohttp.ClientSession, metrics: GatewayMetrics, store: ShadowStore,
+    def __init__(self, client: ShadowClient, metrics: GatewayMetrics, recorder: ShadowRecorder,
                  tasks: TaskSupervisor, health: UpstreamHealth, timeout_s: float) -> None:
-        self.session = session
+        self.client = client
         self.health = health
         self.metrics = metrics
-        self.store = store
+        self.recorder = recorder
         self.tasks = tasks
         self.timeout_s = timeout_s
         self._in_flight: dict[str, int] = {}
@@ -107,22 +106,25 @@ class ShadowRunner:
 
     async def _run(self, call: ShadowCall, slot: PrimarySlot) -> None:
         try:
-            shadow = await asyncio.wait_for(self._call(call), self.timeout_s)
-            primary = await slot.wait(self.timeout_s)
-            await self._settle(call, primary, shadow)
+            async with asyncio.timeout(self.timeout_s):
+                shadow = await self._call(call)
+            async with asyncio.timeout(self.timeout_s):
+                primary = await slot.wait()
+            self._settle(call, primary, shadow)
         except Exception as error:  # a shadow must never take anything down; it is counted and logged
             log.warning("shadow_failed", tenant=call.tenant, request_id=call.request_id, error=type(error).__name__)
             self._count(call.tenant, "error")
         finally:
             self._in_flight[call.tenant] -= 1
 
-    async def _settle(self, call: ShadowCall, primary: ArmResult | None, shadow: ArmResult) -> None:
+    def _settle(self, call: ShadowCall, primary: ArmResult | None, shadow: ArmResult) -> None:
         if primary is None or primary.status != 200 or shadow.status != 200:
             log.warning("shadow_pair_incomplete", tenant=call.tenant, request_id=call.request_id,
                         primary_status=primary.status if primary else None, shadow_status=shadow.status)
             self._count(call.tenant, "error")
             return
         pair = pair_record(call.tenant, call.pools, primary, shadow, call.deterministic, time.time())
+        self.recorder.add_pair(pair)  # before the metrics, so a report never lags the counters it explains
         self.metrics.shadow_requests.labels(call.tenant, "compared").inc()
         if pair.ttft_delta_s is not None:
             self.metrics.shadow_ttft_delta.labels(call.tenant).observe(pair.ttft_delta_s)
@@ -130,54 +132,43 @@ class ShadowRunner:
             self.metrics.shadow_mismatches.labels(call.tenant).inc()
             log.warning("shadow_output_mismatch", tenant=call.tenant, primary_request_id=primary.request_id,
                         shadow_request_id=shadow.request_id, pools=list(call.pools))
-        await self.store.add_pair(pair)  # counts the pair as compared in the same write
 
     def _count(self, tenant: str, outcome: str) -> None:
+        self.recorder.count(tenant, outcome)
         self.metrics.shadow_requests.labels(tenant, outcome).inc()
-        self.tasks.spawn(self.store.count(tenant, outcome), f"shadow-count-{tenant}")
 
     async def _call(self, call: ShadowCall) -> ArmResult:
         started = time.perf_counter()
-        with upstream_errors(call.pools[1]):
-            async with self.session.post(call.url, headers=call.headers, data=call.body) as response:
-                if response.status != 200 or not call.streamed:
-                    body = await response.read()
-                    return _whole_result(call, response.status, body, time.perf_counter() - started)
-                return await _stream_result(call, response, started)
+        answer = await self.client.post(call.url, call.headers, call.body, watch_content=call.streamed)
+        return arm_result(call, answer, started, time.perf_counter())
+
+    async def close(self) -> None:
+        """Cancel shadows still in flight, then write every recorded result and close the store."""
+        await self.tasks.close()
+        self.client.close()
+        await self.recorder.flush()
+        await self.recorder.store.close()
 
     async def report(self, policies: PolicySet, recent_pairs: int = 0) -> dict[str, Any]:
         """Per-tenant summaries; with `recent_pairs`, also that many latest pairs (request ids, deltas)."""
+        await self.recorder.flush()  # this replica's own results first, so the report is never behind it
         tenants = {name: await self._tenant_report(name, recent_pairs) for name in sorted(policies.tenants)}
         return {"policy_version": policies.version, "tenants": tenants}
 
     async def _tenant_report(self, tenant: str, recent_pairs: int) -> dict[str, Any]:
-        pairs = await self.store.pairs(tenant)
-        summary = tenant_summary(pairs, await self.store.counts(tenant))
+        store = self.recorder.store
+        pairs = await store.pairs(tenant)
+        summary = tenant_summary(pairs, await store.counts(tenant))
         if recent_pairs:
             summary["recent_pairs"] = [dataclasses.asdict(pair) for pair in pairs[:recent_pairs]]
         return summary
 
 
-def _whole_result(call: ShadowCall, status: int, body: bytes, duration_s: float) -> ArmResult:
-    usage = usage_from_json(body) if status == 200 else None
+def arm_result(call: ShadowCall, answer: ShadowAnswer, started: float, ended: float) -> ArmResult:
+    ok = answer.status == 200
+    streamed = ok and call.streamed
+    usage = (stream_usage(answer.body) if streamed else usage_from_json(answer.body)) if ok else None
+    ttft = answer.first_content_at - started if streamed and answer.first_content_at is not None else None
     cached = usage.cached_tokens if usage else None
-    text = generated_text(body) if status == 200 else None
-    return ArmResult(call.request_id, status, None, duration_s, cached, text)
-
-
-async def _stream_result(call: ShadowCall, response: aiohttp.ClientResponse, started: float) -> ArmResult:
-    """Watch the shadow stream only until its first content; then take the rest in one read."""
-    watch = StreamWatch(strip_usage=False)
-    captured = bytearray()
-    first: float | None = None
-    async for chunk in response.content.iter_any():
-        captured += chunk
-        if watch.feed(chunk)[1]:
-            first = time.perf_counter() - started
-            break
-    rest = await response.read()
-    captured += rest
-    duration = time.perf_counter() - started
-    watch.feed(rest)
-    cached = watch.usage.cached_tokens if watch.usage else None
-    return ArmResult(call.request_id, 200, first, duration, cached, generated_text(bytes(captured)))
+    text = generated_text(answer.body) if ok else None
+    return ArmResult(call.request_id, answer.status, ttft, ended - started, cached, text)

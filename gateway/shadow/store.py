@@ -19,10 +19,12 @@ KEEP_PAIRS = 5000  # per tenant: enough for stable quantiles, bounded in size
 REDIS_PREFIX = "kvgate:shadow"
 
 
+OutcomeCounts = dict[tuple[str, str], int]  # (tenant, outcome) → how many more
+
+
 class ShadowStore(Protocol):
-    async def add_pair(self, pair: PairRecord) -> None:
-        """Store a compared pair and count it as `compared`, in one write."""
-    async def count(self, tenant: str, outcome: str) -> None: ...
+    async def write(self, pairs: list[PairRecord], counts: OutcomeCounts) -> None:
+        """Append pairs and add to outcome counters, all in one atomic write."""
     async def pairs(self, tenant: str) -> list[PairRecord]: ...
     async def counts(self, tenant: str) -> dict[str, int]: ...
     async def close(self) -> None: ...
@@ -46,7 +48,14 @@ class SqliteShadowStore:
         "n INTEGER NOT NULL, PRIMARY KEY (tenant, outcome))",
     )
 
-    COUNT_SQL = "INSERT INTO shadow_counts VALUES (?, ?, 1) ON CONFLICT (tenant, outcome) DO UPDATE SET n = n + 1"
+    COUNT_SQL = (
+        "INSERT INTO shadow_counts VALUES (?, ?, ?) ON CONFLICT (tenant, outcome) DO UPDATE SET n = n + excluded.n"
+    )
+
+    TRIM_SQL = (
+        "DELETE FROM shadow_pairs WHERE tenant = ? AND id <= "
+        "(SELECT id FROM shadow_pairs WHERE tenant = ? ORDER BY id DESC LIMIT 1 OFFSET ?)"
+    )
 
     def __init__(self, path: Path) -> None:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
@@ -62,18 +71,21 @@ class SqliteShadowStore:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
-    async def add_pair(self, pair: PairRecord) -> None:
-        await asyncio.to_thread(self._add_pair, pair)
+    async def write(self, pairs: list[PairRecord], counts: OutcomeCounts) -> None:
+        rows = [(pair.tenant, _encode(pair)) for pair in pairs]
+        await asyncio.to_thread(self._write, rows, [(*key, n) for key, n in counts.items()])
 
-    def _add_pair(self, pair: PairRecord) -> None:
+    def _write(self, rows: list[tuple[str, bytes]], counts: list[tuple[str, str, int]]) -> None:
         with self._lock:
             self._db.execute("BEGIN")
-            self._db.execute("INSERT INTO shadow_pairs (tenant, pair) VALUES (?, ?)", (pair.tenant, _encode(pair)))
-            self._db.execute(self.COUNT_SQL, (pair.tenant, "compared"))
+            try:
+                self._db.executemany("INSERT INTO shadow_pairs (tenant, pair) VALUES (?, ?)", rows)
+                self._db.executemany(self.TRIM_SQL, [(tenant, tenant, KEEP_PAIRS) for tenant in {t for t, _ in rows}])
+                self._db.executemany(self.COUNT_SQL, counts)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
             self._db.execute("COMMIT")
-
-    async def count(self, tenant: str, outcome: str) -> None:
-        await asyncio.to_thread(self._run, self.COUNT_SQL, (tenant, outcome))
 
     async def pairs(self, tenant: str) -> list[PairRecord]:
         sql = "SELECT pair FROM shadow_pairs WHERE tenant = ? ORDER BY id DESC LIMIT ?"
@@ -95,16 +107,15 @@ class RedisShadowStore:
     def __init__(self, url: str) -> None:
         self._redis = aioredis.Redis.from_url(url)
 
-    async def add_pair(self, pair: PairRecord) -> None:
-        key = f"{REDIS_PREFIX}:pairs:{pair.tenant}"
+    async def write(self, pairs: list[PairRecord], counts: OutcomeCounts) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.lpush(key, _encode(pair))
-            pipe.ltrim(key, 0, KEEP_PAIRS - 1)
-            pipe.hincrby(f"{REDIS_PREFIX}:counts:{pair.tenant}", "compared", 1)
+            for tenant in {pair.tenant for pair in pairs}:
+                key = f"{REDIS_PREFIX}:pairs:{tenant}"
+                pipe.lpush(key, *[_encode(pair) for pair in pairs if pair.tenant == tenant])
+                pipe.ltrim(key, 0, KEEP_PAIRS - 1)
+            for (tenant, outcome), n in counts.items():
+                pipe.hincrby(f"{REDIS_PREFIX}:counts:{tenant}", outcome, n)
             await pipe.execute()
-
-    async def count(self, tenant: str, outcome: str) -> None:
-        await cast(Awaitable[int], self._redis.hincrby(f"{REDIS_PREFIX}:counts:{tenant}", outcome, 1))
 
     async def pairs(self, tenant: str) -> list[PairRecord]:
         pending = self._redis.lrange(f"{REDIS_PREFIX}:pairs:{tenant}", 0, KEEP_PAIRS - 1)

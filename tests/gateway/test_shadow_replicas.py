@@ -1,7 +1,7 @@
 """Shadow state across replicas and the `kvgate shadow report` command.
 
 Two gateway replicas sharing one real redis-server produce one report; with the embedded store, the CLI
-reads the same SQLite file the gateway wrote.
+reads the same SQLite file the gateway wrote, including results still batched in memory at shutdown.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def ab_policy(root: Path, sim: ServerProcess) -> PolicyDir:
     pools = {name: {"upstreams": [sim.url], "api_key_env": UPSTREAM_KEY_ENV} for name in ("offload", "control")}
     policy = PolicyDir(root, pools)
     policy.add_tenant("ab", shadow={"pool": "control", "sample": 1.0, "max_in_flight": 8})
-    policy.add_tenant("root", scopes=("admin",))
+    policy.add_tenant("root", scopes=("admin", "metrics"))
     policy.write()
     return policy
 
@@ -86,3 +86,28 @@ def test_cli_report_reads_the_embedded_store(sim: ServerProcess, tmp_path: Path)
     as_table = subprocess.run(kvgate_command("shadow", "report", "--policies", str(policy.root)),
                               capture_output=True, text=True, env=cli_env, check=True, timeout=60)
     assert "too few pairs to conclude" in as_table.stdout
+
+
+def compared_count(gateway: ServerProcess, key: str) -> float:
+    text = httpx.get(f"{gateway.url}/metrics", headers=bearer(key), timeout=10).text
+    line = next(line for line in text.splitlines()
+                if line.startswith("kvgate_shadow_requests_total{") and 'outcome="compared"' in line
+                and 'tenant="ab"' in line)
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_results_batched_in_memory_are_written_at_shutdown(sim: ServerProcess, tmp_path: Path) -> None:
+    policy = ab_policy(tmp_path / "policies", sim)
+    state = tmp_path / "state.sqlite3"
+    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY, "KVGATE_STATE_PATH": str(state), "KVGATE_SHADOW_FLUSH_INTERVAL_S": "3600"}
+    with run_gateway(policy.root, tmp_path / "gw.log", new_secret(), env) as gateway:
+        for index in range(4):
+            send(gateway, policy.keys["ab"], f"held {index}")
+        deadline = time.monotonic() + 30
+        while compared_count(gateway, policy.keys["root"]) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling until every shadow has settled into the recorder
+        assert compared_count(gateway, policy.keys["root"]) == 4
+    cli_env = {**os.environ, "KVGATE_STATE_PATH": str(state)}
+    as_json = subprocess.run(kvgate_command("shadow", "report", "--policies", str(policy.root), "--format", "json"),
+                             capture_output=True, text=True, env=cli_env, check=True, timeout=60)
+    assert json.loads(as_json.stdout)["tenants"]["ab"]["pairs"] == 4

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sse import StreamWatch
+from gateway.sse import StreamWatch, Usage, stream_usage
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vllm-0.25.0" / "http"
 
@@ -71,3 +71,21 @@ def test_responses_api_completed_event_usage() -> None:
                b'{"input_tokens":40,"output_tokens":2,"input_tokens_details":{"cached_tokens":32}}}}\n\n')
     assert watch.content_seen
     assert watch.usage is not None and watch.usage.cached_tokens == 32
+
+
+@pytest.mark.parametrize("name", ["offload_stream_chat.sse.txt", "offload_stream_completion.sse.txt",
+                                  "control_stream_chat.sse.txt", "control_stream_completion.sse.txt"])
+def test_whole_stream_usage_matches_the_watch(name: str) -> None:
+    body = captured_body(name)
+    watch = StreamWatch(strip_usage=False)
+    feed_all(watch, body, 64)
+    assert watch.usage is not None
+    assert stream_usage(body) == watch.usage
+
+
+def test_whole_stream_usage_takes_the_last_usage_event() -> None:
+    continuous = (b'data: {"choices":[{"text":"a"}],"usage":{"prompt_tokens":10,"completion_tokens":1}}\n\n'
+                  b'data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":2,'
+                  b'"prompt_tokens_details":{"cached_tokens":8}}}\n\ndata: [DONE]\n\n')
+    assert stream_usage(continuous) == Usage(prompt_tokens=10, cached_tokens=8, completion_tokens=2)
+    assert stream_usage(b'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n') is None

@@ -1,0 +1,94 @@
+"""What reading one shadow answer costs, by client: kvgate's lean shadow client against aiohttp.
+
+Both read the same 64-token SSE streams from the fast upstream (bench core) with `--concurrency` loops in this
+process (proxy core) for `--duration` seconds, watching for the first content and collecting the whole answer,
+as a shadow arm must. Reported: this process's CPU per answer, for each client in turn.
+
+    .venv/bin/python -m loadtests.shadow_read
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import aiohttp
+import uvloop
+
+from gateway.shadow.client import ShadowClient
+from gateway.sse import StreamWatch
+from loadtests import proxy_overhead as bench
+
+Reader = Callable[[], Awaitable[bytes]]
+
+
+async def aiohttp_reader(session: aiohttp.ClientSession, url: str, body: bytes) -> bytes:
+    async with session.post(url, data=body, headers={"content-type": "application/json"}) as response:
+        watch, captured = StreamWatch(strip_usage=False), bytearray()
+        async for chunk in response.content.iter_any():
+            captured += chunk
+            if watch.feed(chunk)[1]:
+                break
+        return bytes(captured + await response.read())
+
+
+async def cpu_per_answer(read: Reader, concurrency: int, duration_s: float) -> tuple[int, float]:
+    """Answers read and CPU microseconds per answer."""
+    await read()
+    stop, done = time.monotonic() + duration_s, [0]
+
+    async def loop() -> None:
+        while time.monotonic() < stop:
+            await read()
+            done[0] += 1
+
+    started = time.process_time()
+    async with asyncio.TaskGroup() as group:
+        for _ in range(concurrency):
+            group.create_task(loop())
+    return done[0], (time.process_time() - started) / done[0] * 1e6
+
+
+async def measure(url: str, body: bytes, concurrency: int, duration_s: float) -> dict[str, tuple[int, float]]:
+    headers = {"content-type": "application/json"}
+    shadow = ShadowClient(connect_timeout_s=5)
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        results = {
+            "aiohttp": await cpu_per_answer(lambda: aiohttp_reader(session, url, body), concurrency, duration_s),
+            "shadow client": await cpu_per_answer(
+                lambda: _shadow_body(shadow, url, headers, body), concurrency, duration_s),
+        }
+    shadow.close()
+    return results
+
+
+async def _shadow_body(client: ShadowClient, url: str, headers: dict[str, str], body: bytes) -> bytes:
+    return (await client.post(url, headers, body, watch_content=True)).body
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.shadow_read", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--duration", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    config = bench.parse_args(["--out", os.devnull, "--no-nginx"])
+    bench.check_cores(config)
+    os.sched_setaffinity(0, {config.bench_core})  # the upstream inherits the bench core
+    with tempfile.TemporaryDirectory(prefix="kvgate-shadow-read-") as tmp, \
+            bench.start_upstream(config, Path(tmp)) as upstream:
+        os.sched_setaffinity(0, {config.proxy_core})
+        url = upstream.url + bench.ROUTE_PATHS[config.route]
+        results = uvloop.run(measure(url, bench.request_body(config), args.concurrency, args.duration))
+    for name, (answers, micros) in results.items():
+        print(f"{name:<14} {answers:6d} answers  {micros:6.0f} µs CPU per answer")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,204 @@
+"""The shadow client over real loopback sockets: against the simulator, and against small scripted HTTP
+servers for what a well-behaved server never does (close early, answer garbage, drop idle connections)."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+import trustme
+
+from gateway.localproc import ServerProcess
+from gateway.shadow.client import ShadowClient, ShadowTransportError
+from gateway.shadow.compare import generated_text
+from gateway.sse import stream_usage
+from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY
+
+JSON = {"content-type": "application/json"}
+SIM_AUTH = {**JSON, "authorization": f"Bearer {UPSTREAM_KEY}"}
+OK_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+CLOSE_HEAD = b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}"
+
+# What a scripted server does with the n-th request (0-based) on the c-th connection (0-based).
+Script = Callable[[int, int, asyncio.StreamWriter], Awaitable[None]]
+
+
+@dataclass
+class ScriptedServer:
+    script: Script
+    connections: int = 0
+    requests: list[bytes] = field(default_factory=list)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection, self.connections = self.connections, self.connections + 1
+        try:
+            for index in range(100):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                self.requests.append(head + await reader.readexactly(length))
+                await self.script(connection, index, writer)
+                if writer.is_closing():
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+
+async def serve(script: Script, client_calls: Callable[[str, ScriptedServer], Awaitable[None]],
+                tls: ssl.SSLContext | None = None) -> None:
+    scripted = ScriptedServer(script)
+    server = await asyncio.start_server(scripted.handle, "127.0.0.1", 0, ssl=tls)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        await client_calls(f"{'https' if tls else 'http'}://127.0.0.1:{port}/v1/completions", scripted)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def answer_ok(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
+    writer.write(OK_HEAD)
+    await writer.drain()
+
+
+def completion(stream: bool) -> bytes:
+    body = {"model": SIM_MODEL, "prompt": "shadow client", "max_tokens": 5, "temperature": 0, "stream": stream,
+            "stream_options": {"include_usage": True}} if stream else {
+        "model": SIM_MODEL, "prompt": "shadow client", "max_tokens": 5, "temperature": 0}
+    return httpx.Request("POST", "http://x", json=body).content
+
+
+def test_reads_a_simulator_stream_whole_with_its_first_content_and_usage(sim: ServerProcess) -> None:
+    async def run() -> None:
+        client = ShadowClient(connect_timeout_s=5)
+        url = f"{sim.url}/v1/completions"
+        streamed = await client.post(url, SIM_AUTH, completion(stream=True), watch_content=True)
+        whole = await client.post(url, SIM_AUTH, completion(stream=False), watch_content=False)
+        client.close()
+        assert streamed.status == 200 and streamed.first_content_at is not None
+        assert streamed.body.endswith(b"data: [DONE]\n\n")
+        usage = stream_usage(streamed.body)
+        assert usage is not None and usage.completion_tokens == 5
+        assert whole.status == 200 and whole.first_content_at is None
+        assert generated_text(streamed.body) == generated_text(whole.body) != ""
+
+    asyncio.run(run())
+
+
+def test_passes_error_answers_through_with_their_status(sim: ServerProcess) -> None:
+    async def run() -> None:
+        client = ShadowClient(connect_timeout_s=5)
+        answer = await client.post(f"{sim.url}/v1/completions", SIM_AUTH, b'{"model":"nope","prompt":"x"}', True)
+        client.close()
+        assert answer.status == 404 and b"does not exist" in answer.body
+
+    asyncio.run(run())
+
+
+def test_keeps_connections_alive_and_sends_the_request_intact() -> None:
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = ShadowClient(connect_timeout_s=5)
+        for index in range(3):
+            answer = await client.post(url, {**JSON, "x-request-id": f"r{index}"}, b'{"n":%d}' % index, False)
+            assert (answer.status, answer.body) == (200, b"{}")
+        client.close()
+        assert server.connections == 1
+        assert server.requests[2].startswith(b"POST /v1/completions HTTP/1.1\r\n")
+        assert b"\r\nx-request-id: r2\r\n" in server.requests[2] and server.requests[2].endswith(b'{"n":2}')
+
+    asyncio.run(serve(answer_ok, calls))
+
+
+def test_opens_a_new_connection_after_connection_close() -> None:
+    async def say_close(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
+        writer.write(CLOSE_HEAD)
+        await writer.drain()
+        writer.close()
+
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = ShadowClient(connect_timeout_s=5)
+        for _ in range(2):
+            assert (await client.post(url, JSON, b"{}", False)).status == 200
+        client.close()
+        assert server.connections == 2
+
+    asyncio.run(serve(say_close, calls))
+
+
+def test_an_idle_connection_the_upstream_dropped_is_replaced_without_failing() -> None:
+    async def drop_second_request(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
+        if connection == 0 and index == 1:
+            writer.close()  # as if its keep-alive timer fired just as the request arrived
+            return
+        await answer_ok(connection, index, writer)
+
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = ShadowClient(connect_timeout_s=5)
+        for _ in range(2):
+            assert (await client.post(url, JSON, b"{}", False)).status == 200
+        client.close()
+        assert server.connections == 2 and len(server.requests) == 3
+
+    asyncio.run(serve(drop_second_request, calls))
+
+
+def test_speaks_tls_to_https_upstreams_and_verifies_them() -> None:
+    authority = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("127.0.0.1").configure_cert(server_tls)
+    trusting = ssl.create_default_context()
+    authority.configure_trust(trusting)
+
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = ShadowClient(connect_timeout_s=5, tls=trusting)
+        for _ in range(2):
+            assert (await client.post(url, JSON, b"{}", False)).body == b"{}"
+        client.close()
+        assert server.connections == 1
+        with pytest.raises(ShadowTransportError, match="cannot connect"):
+            await ShadowClient(connect_timeout_s=5).post(url, JSON, b"{}", False)  # not trusted by default
+
+    asyncio.run(serve(answer_ok, calls, server_tls))
+
+
+@pytest.mark.parametrize("reply", [
+    b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"partial\":",  # closes mid-body
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\ndata:",  # closes mid-chunk
+    b"NOT HTTP AT ALL\r\n\r\n",
+])
+def test_broken_answers_fail_cleanly(reply: bytes) -> None:
+    async def broken(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
+        writer.write(reply)
+        await writer.drain()
+        writer.close()
+
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = ShadowClient(connect_timeout_s=5)
+        with pytest.raises(ShadowTransportError):
+            await client.post(url, JSON, b"{}", True)
+        client.close()
+        assert server.connections == 1  # an answer that started is never sent again
+
+    asyncio.run(serve(broken, calls))
+
+
+def test_unreachable_upstream_and_header_injection_are_transport_errors() -> None:
+    async def run() -> None:
+        client = ShadowClient(connect_timeout_s=5)
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        with pytest.raises(ShadowTransportError, match="cannot connect"):
+            await client.post(f"http://127.0.0.1:{port}/v1/completions", JSON, b"{}", False)
+        with pytest.raises(ShadowTransportError, match="line break"):
+            await client.post(f"http://127.0.0.1:{port}/v1/completions", {"x-a": "1\r\nx-b: 2"}, b"{}", False)
+        with pytest.raises(ShadowTransportError, match="scheme"):
+            await client.post("ftp://127.0.0.1/v1/completions", JSON, b"{}", False)
+
+    asyncio.run(run())

@@ -28,6 +28,23 @@ def free_port() -> int:
         return port
 
 
+def free_port_pair() -> int:
+    """A free port whose successor is free too: vLLM's KV-event replay endpoint is the PUB port + 1."""
+    while True:
+        port = free_port()
+        if port < 65535 and _is_free(port + 1):
+            return port
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 @dataclass
 class ServerProcess:
     """A child process serving HTTP on 127.0.0.1:port."""

@@ -40,18 +40,19 @@ async def aiohttp_reader(session: aiohttp.ClientSession, url: str, body: bytes) 
 async def cpu_per_answer(read: Reader, concurrency: int, duration_s: float) -> tuple[int, float]:
     """Answers read and CPU microseconds per answer."""
     await read()
-    stop, done = time.monotonic() + duration_s, [0]
+    stop, answers = time.monotonic() + duration_s, 0
 
     async def loop() -> None:
+        nonlocal answers
         while time.monotonic() < stop:
             await read()
-            done[0] += 1
+            answers += 1
 
     started = time.process_time()
     async with asyncio.TaskGroup() as group:
         for _ in range(concurrency):
             group.create_task(loop())
-    return done[0], (time.process_time() - started) / done[0] * 1e6
+    return answers, (time.process_time() - started) / answers * 1e6
 
 
 async def measure(url: str, body: bytes, concurrency: int, duration_s: float) -> dict[str, tuple[int, float]]:

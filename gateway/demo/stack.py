@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import secrets
 import shutil
-import socket
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from typing import Any
 import yaml
 
 from gateway.keys import hash_key, new_key
-from gateway.localproc import ServerProcess, free_port, kvgate_command, run_server
+from gateway.localproc import ServerProcess, free_port, free_port_pair, kvgate_command, run_server
 
 EXAMPLE_POLICIES = Path(__file__).resolve().parents[2] / "policies"
 GPU_BLOCKS = "640"  # 10,240 tokens: a few long prefixes per tenant overflow it, so eviction happens
@@ -36,23 +35,6 @@ def _sim_argv(port: int, events_port: int, upstream_key: str, offload: bool) -> 
                           "--kv-events-endpoint", f"tcp://*:{events_port}",
                           "--kv-events-replay-endpoint", f"tcp://*:{events_port + 1}")
     return [*argv, "--offload", "--cpu-bytes-to-use", CPU_TIER_BYTES] if offload else argv
-
-
-def _events_port() -> int:
-    """A port whose successor (the replay endpoint) is free too."""
-    while True:
-        port = free_port()
-        if port < 65535 and _is_free(port + 1):
-            return port
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def write_policies(target: Path, sims: dict[str, tuple[int, int]]) -> tuple[dict[str, str], str]:
@@ -93,7 +75,7 @@ def _add_key(path: Path, key: str, scopes: list[str]) -> None:
 @contextmanager
 def demo_stack(workdir: Path) -> Iterator[DemoStack]:
     upstream_keys = {pool: secrets.token_urlsafe(16) for pool in UPSTREAM_KEY_ENV}
-    ports = {pool: (free_port(), _events_port()) for pool in UPSTREAM_KEY_ENV}
+    ports = {pool: (free_port(), free_port_pair()) for pool in UPSTREAM_KEY_ENV}
     with ExitStack() as stack:
         sims = {
             pool: stack.enter_context(run_server(

@@ -50,7 +50,7 @@ class Target:
         return self.scheme, self.host, self.port
 
 
-@dataclass
+@dataclass(frozen=True)
 class ShadowAnswer:
     status: int
     body: bytes

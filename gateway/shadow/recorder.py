@@ -45,7 +45,9 @@ class ShadowRecorder:
         while True:
             await self._pending.wait()
             await asyncio.sleep(self.flush_interval_s)  # lets a batch gather: one write per interval
-            if not await self.flush():
+            # Shielded: a write cancelled at shutdown would lose its batch (or, half-done, write it twice);
+            # shielded, it completes, and the final flush in `close` waits for it on the lock.
+            if not await asyncio.shield(self.flush()):
                 await asyncio.sleep(RETRY_S)
 
     async def flush(self) -> bool:
@@ -61,6 +63,11 @@ class ShadowRecorder:
                 log.warning("shadow_store_write_failed", pairs=len(pairs), error=type(error).__name__)
                 return False
             return True
+
+    async def close(self) -> None:
+        """Write whatever is still held, then close the store. Call after the writer loop is cancelled."""
+        await self.flush()
+        await self.store.close()
 
     def _take(self) -> tuple[list[PairRecord], Counter[tuple[str, str]]]:
         pairs, self._pairs = self._pairs, []

@@ -146,8 +146,7 @@ class ShadowRunner:
         """Cancel shadows still in flight, then write every recorded result and close the store."""
         await self.tasks.close()
         self.client.close()
-        await self.recorder.flush()
-        await self.recorder.store.close()
+        await self.recorder.close()
 
     async def report(self, policies: PolicySet, recent_pairs: int = 0) -> dict[str, Any]:
         """Per-tenant summaries; with `recent_pairs`, also that many latest pairs (request ids, deltas)."""

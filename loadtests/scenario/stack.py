@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.localproc import ServerProcess, free_port, kvgate_command, wait_until_ready
+from gateway.localproc import ServerProcess, free_port, free_port_pair, kvgate_command, wait_until_ready
 from loadtests.scenario.model import ARMS, Scenario
 from loadtests.scenario.policies import write_policy_dir
 from loadtests.scenario.targets import Targets, Upstream
@@ -64,20 +63,6 @@ class OwnedServer:
         self.start()
 
 
-def _port_pair() -> int:
-    """A free port whose successor is free too (vLLM's replay endpoint convention: PUB port + 1)."""
-    while True:
-        port = free_port()
-        if port >= 65535:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-
-
 def sim_argv(scenario: Scenario, arm: str, port: int, events_port: int, api_key: str) -> list[str]:
     argv = kvgate_command(
         "sim", "--port", str(port), "--model", scenario.model, f"--api-key={api_key}",
@@ -94,7 +79,7 @@ def sim_argv(scenario: Scenario, arm: str, port: int, events_port: int, api_key:
 def self_started_stack(scenario: Scenario, workdir: Path) -> Iterator[Targets]:
     workdir.mkdir(parents=True, exist_ok=True)
     upstream_keys = {arm: secrets.token_urlsafe(16) for arm in ARMS}
-    ports = {arm: (free_port(), _port_pair()) for arm in ARMS}
+    ports = {arm: (free_port(), free_port_pair()) for arm in ARMS}
     sims = {arm: OwnedServer(sim_argv(scenario, arm, port, events, upstream_keys[arm]), port,
                              workdir / f"sim-{arm}.log") for arm, (port, events) in ports.items()}
     with ExitStack() as cleanup:

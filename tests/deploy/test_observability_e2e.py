@@ -12,7 +12,6 @@ subscribes (a KV-event gap); some requests fail upstream (5xx) and some present 
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +28,7 @@ from gateway.demo.workload import users_for
 from tests.deploy.checks import concrete, dashboard_exprs
 from tests.deploy.tools import DEPLOY, output, run, system_tool
 from tests.harness import PolicyDir, bearer, new_secret, run_gateway
-from tests.procs import ServerProcess, free_port, kvgate_command, run_server
+from tests.procs import ServerProcess, free_port, free_port_pair, kvgate_command, run_server
 
 MODEL = "sim-model"
 TENANTS = ("acme", "globex", "initech")
@@ -84,18 +83,6 @@ def sim(stack: ExitStack, workdir: Path, name: str, key: str, events_port: int, 
                           "--kv-events-endpoint", f"tcp://*:{events_port}",
                           "--kv-events-replay-endpoint", f"tcp://*:{events_port + 1}", *extra)
     return stack.enter_context(run_server(argv, port, workdir / f"sim-{name}.log", ready_path="/health"))
-
-
-def events_port() -> int:
-    """A free port whose successor (the replay endpoint) is free too."""
-    while True:
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
 
 
 def policies(root: Path, sims: dict[str, tuple[ServerProcess, int]]) -> tuple[PolicyDir, str]:
@@ -190,7 +177,7 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     workdir = tmp_path_factory.mktemp("observability")
     upstream_keys = {"offload": "e2e-offload-key", "control": "e2e-control-key"}
     with ExitStack() as stack:
-        ports = {name: events_port() for name in upstream_keys}
+        ports = {name: free_port_pair() for name in upstream_keys}
         servers = {
             "offload": sim(stack, workdir, "offload", upstream_keys["offload"], ports["offload"], "--offload",
                            "--cpu-bytes-to-use", CPU_TIER_BYTES, "--kv-events-buffer-steps", "1"),

@@ -4,7 +4,6 @@ bodies (salt from policy, the tenant's `max_offload_tokens` cap). A tenant cappe
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 
 from tests.harness import expected_salt
 from tests.ledger.support import SECRET, Backend, Running, counts, eventually, running_ledger, write_policies
-from tests.procs import ServerProcess, free_port, kvgate_command, run_server
+from tests.procs import ServerProcess, free_port, free_port_pair, kvgate_command, run_server
 
 TENANTS: dict[str, dict[str, Any]] = {
     "acme": {"offload": {"retention_seconds": 3600, "allowed_media": ["GPU", "CPU"]}},
@@ -23,21 +22,9 @@ TENANTS: dict[str, dict[str, Any]] = {
 PROMPT_CHARS = 512  # one token per byte: 32 GPU blocks, 8 CPU chunks
 
 
-def _free_port_pair() -> int:
-    for _attempt in range(50):
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
-
-
 @pytest.fixture
 def sim(tmp_path: Path) -> Iterator[tuple[ServerProcess, int]]:
-    port, events = free_port(), _free_port_pair()
+    port, events = free_port(), free_port_pair()
     argv = kvgate_command("sim", "--port", str(port), "--offload", "--gpu-blocks", "96",
                           "--kv-events-endpoint", f"tcp://*:{events}",
                           "--kv-events-replay-endpoint", f"tcp://*:{events + 1}")

@@ -1,0 +1,117 @@
+"""Prefix fingerprints: keyed hashes of a prompt in consecutive chunks of about one vLLM block.
+
+Each fingerprint hashes the previous one together with its chunk, so two requests that share a prefix share exactly
+the leading fingerprints of that prefix and nothing after the first difference — the same chaining vLLM uses for
+its block hashes. The key is per tenant (derived from the salt secret), so fingerprints of two tenants never match
+and a fingerprint reveals nothing about the text without the secret. No text is kept.
+
+Token-id prompts chunk exactly by the block size. Text and chat prompts chunk a canonical rendering (UTF-8 of the
+prompt, chat messages as role and content joined by separator bytes) every `block_size × chars_per_token`
+characters; `chars_per_token` is the tenant's observed ratio, so a chunk is about one block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+FINGERPRINT_BYTES = 8
+DEFAULT_CHARS_PER_TOKEN = 4.0
+MAX_CHUNKS = 4096  # a 256k-token prompt at 64-token blocks; longer prompts are fingerprinted up to here
+_RECORD_SEPARATOR = "\x1e"
+_UNIT_SEPARATOR = "\x1f"
+
+
+def tenant_trace_key(secret: bytes, tenant: str) -> bytes:
+    """The tenant's fingerprint key: independent of the salt epoch, so a trace spans `tenant forget` only by erasure."""
+    return hmac.new(secret, f"kvgate-reuse-trace:{tenant}".encode(), hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class PromptShape:
+    """What the fingerprints were computed from, without the content."""
+
+    tokens: bool  # token ids (exact block chunks) rather than rendered text
+    units: int  # tokens for token prompts, characters for text prompts
+
+
+def canonical_prompt(request: dict[str, Any]) -> str | list[int] | None:
+    """The prompt of a generation request as token ids (when the client sent ids) or one canonical string."""
+    if "messages" in request:
+        return _render_messages(request["messages"])
+    for field in ("prompt", "input"):
+        if field in request:
+            return _render_prompt(request[field])
+    return None
+
+
+def fingerprints(key: bytes, prompt: str | list[int], block_size: int, chars_per_token: float) -> list[bytes]:
+    """The chained fingerprints of every whole chunk of the prompt (a partial last chunk is not cached by vLLM)."""
+    if isinstance(prompt, list):
+        return _chain(key, _token_chunks(prompt, block_size))
+    chunk_chars = max(1, round(block_size * chars_per_token))
+    return _chain(key, _text_chunks(prompt, chunk_chars))
+
+
+def _chain(key: bytes, chunks: Sequence[bytes]) -> list[bytes]:
+    out: list[bytes] = []
+    previous = b""
+    for chunk in chunks[:MAX_CHUNKS]:
+        previous = hashlib.blake2b(previous + chunk, digest_size=FINGERPRINT_BYTES, key=key[:64]).digest()
+        out.append(previous)
+    return out
+
+
+def _token_chunks(tokens: list[int], block_size: int) -> list[bytes]:
+    whole = len(tokens) // block_size
+    return [_ids_bytes(tokens[i * block_size : (i + 1) * block_size]) for i in range(whole)]
+
+
+def _ids_bytes(ids: list[int]) -> bytes:
+    return b"".join(int(token).to_bytes(4, "little", signed=False) for token in ids)
+
+
+def _text_chunks(text: str, chunk_chars: int) -> list[bytes]:
+    whole = len(text) // chunk_chars
+    return [text[i * chunk_chars : (i + 1) * chunk_chars].encode("utf-8", "surrogatepass") for i in range(whole)]
+
+
+def _render_prompt(value: object) -> str | list[int] | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(type(item) is int and item >= 0 for item in value):
+        return list(value)
+    if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+        first: str = value[0]
+        return first  # a batch: vLLM caches each prompt on its own; the first stands for the request
+    if isinstance(value, list):
+        return _render_messages(value)
+    return None
+
+
+def _render_messages(messages: object) -> str | None:
+    if not isinstance(messages, list):
+        return None
+    parts = [_render_message(message) for message in messages]
+    return _RECORD_SEPARATOR.join(parts)
+
+
+def _render_message(message: object) -> str:
+    if not isinstance(message, dict):
+        return _UNIT_SEPARATOR
+    role = message.get("role")
+    return f"{role if isinstance(role, str) else ''}{_UNIT_SEPARATOR}{_content_text(message.get('content'))}"
+
+
+def _content_text(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(_content_text(part) for part in content)
+    if isinstance(content, dict):
+        text = content.get("text")
+        return text if isinstance(text, str) else ""
+    return ""

@@ -1,6 +1,6 @@
 """`kvgate sim`: a simulated vLLM server for tests, the demo and benchmarks.
 
-It imitates one vLLM OpenAI-compatible server as captured in `shared/fixtures/vllm-0.25.0/` (formats, errors,
+It imitates one vLLM OpenAI-compatible server as captured in `tests/fixtures/vllm-0.25.0/` (formats, errors,
 metrics, KV events), with the vLLM 0.33 rules for `max_load_tokens` / `max_offload_tokens` and the 0.32+
 `vllm:prompt_tokens_cached_by_source_total` family. Modules, one concern each:
 

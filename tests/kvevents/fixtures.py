@@ -1,4 +1,4 @@
-"""The real vLLM 0.25.0 KV-event captures (shared/fixtures), read only."""
+"""The real vLLM 0.25.0 KV-event captures (tests/fixtures), read only."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-KV_EVENTS = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vllm-0.25.0" / "kv-events"
+KV_EVENTS = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.25.0" / "kv-events"
 SERVERS = ("offload", "control", "cli", "selfdesc")
 RUN_OF = {"offload": "offload_run3", "control": "control_run3", "cli": "cli_run3", "selfdesc": "selfdesc_run2"}
 

@@ -1,4 +1,4 @@
-"""The runner's pure parts on real data: vLLM 0.25.0 `/metrics` captures (shared/fixtures) and the statistics."""
+"""The runner's pure parts on real data: vLLM 0.25.0 `/metrics` captures (tests/fixtures) and the statistics."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from loadtests.scenario.model import Scenario, TenantSpec
 from loadtests.scenario.promtext import accumulating_samples, delta, info_labels, pick
 from loadtests.scenario.stats import median_ci, median_difference_ci, quantile
 
-METRICS = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vllm-0.25.0" / "metrics"
+METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.25.0" / "metrics"
 LOAD = "vllm:kv_offload_load_bytes_total"
 
 

@@ -18,8 +18,8 @@ MODEL = "sim-model"
 
 
 def fixtures_dir() -> Path:
-    """The shared vLLM captures (override with KVGATE_FIXTURES)."""
-    return Path(os.environ.get("KVGATE_FIXTURES", REPO_ROOT.parent / "shared" / "fixtures"))
+    """The vLLM captures in tests/fixtures (override with KVGATE_FIXTURES)."""
+    return Path(os.environ.get("KVGATE_FIXTURES", REPO_ROOT / "tests" / "fixtures"))
 
 
 def capture(relative: str) -> Path:

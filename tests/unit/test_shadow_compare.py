@@ -10,7 +10,7 @@ import pytest
 from gateway.shadow.compare import PairRecord, generated_text
 from gateway.shadow.stats import MIN_PAIRS, tenant_summary
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vllm-0.25.0" / "http"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.25.0" / "http"
 
 
 def _reference_text(body: bytes) -> str:

@@ -8,7 +8,7 @@ import pytest
 
 from gateway.sse import StreamWatch, Usage, stream_usage
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vllm-0.25.0" / "http"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.25.0" / "http"
 
 
 def captured_body(name: str) -> bytes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import re
 import signal
 import time
 import uuid
@@ -20,13 +21,16 @@ import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gateway.admin import policies_view
-from gateway.asgi_io import ClientDisconnected, Receive, Scope, Send, send_body, send_error
+from gateway.asgi_io import ClientDisconnected, Message, Receive, Scope, Send, send_body, send_error
 from gateway.audit_cli import parse_since
 from gateway.auth import AuthFailure, authenticate, authorize, check_path, presented_key
 from gateway.balance import UpstreamHealth
-from gateway.errors import BadRequest, Forbidden, GatewayError, NotFound, openai_error_body
+from gateway.errors import BadRequest, Forbidden, GatewayError, InternalError, NotFound, openai_error_body
 from gateway.ledger.service import LedgerService
-from gateway.log import get_logger
+from gateway.limits.admission import Admission
+from gateway.limits.rate import open_rate_limiter
+from gateway.limits.request_shape import JsonLimits
+from gateway.log import get_logger, stack_frames
 from gateway.metrics import GatewayMetrics
 from gateway.otel_metrics import OtelGenAIMetrics
 from gateway.policy.loader import KeyGrant, PolicySet, load_policy_set
@@ -63,6 +67,7 @@ class State:
     tasks: TaskSupervisor
     shadow: ShadowRunner
     ledger: LedgerService
+    admission: Admission
     ready: bool = True
 
 
@@ -120,8 +125,12 @@ class GatewayApp:
         health = UpstreamHealth()
         shadow = self._shadow_runner(health, tasks)
         log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants))
-        proxy = Proxy(session, self.secret, health, shadow, ledger.remember_user_salt)
-        return State(holder, self.metrics, session, proxy, tasks, shadow, ledger)
+        proxy = Proxy(session, self.secret, health, shadow, ledger.remember_user_salt,
+                      JsonLimits(self.settings.json_max_depth, self.settings.json_max_items),
+                      self.settings.body_timeout_s)
+        rate = open_rate_limiter(self.settings.redis_url, self.metrics.rate_limit_fallbacks.inc)
+        admission = Admission(self.settings.max_in_flight, rate, self.metrics)
+        return State(holder, self.metrics, session, proxy, tasks, shadow, ledger, admission)
 
     def _shadow_runner(self, health: UpstreamHealth, tasks: TaskSupervisor) -> ShadowRunner:
         store = open_shadow_store(self.settings.redis_url, self.settings.state_path)
@@ -136,6 +145,7 @@ class GatewayApp:
         await state.ledger.close()
         await state.tasks.close()
         await state.shadow.close()
+        await state.admission.rate.close()
         await state.session.close()
         log.info("gateway_stopped")
 
@@ -144,25 +154,47 @@ class GatewayApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
         ex = Exchange(request_id=uuid.uuid4().hex, route=UNMATCHED_ROUTE, started=time.perf_counter())
+        tracked = ResponseTracker(send)
         try:
-            await self._serve(state, ex, scope, receive, send)
+            async with state.admission.global_slot():
+                await self._serve(state, ex, scope, receive, tracked.send)
         except GatewayError as error:
-            await self._refuse(state, ex, error, send)
+            await self._refuse(state, ex, error, tracked)
         except ClientDisconnected:
             ex.status, ex.outcome = 499, "client_disconnected"
+        except Exception as error:  # the last resort: never let uvicorn answer (plain text, status 0 in our log)
+            await self._internal_error(state, ex, error, tracked)
         finally:
             ex.duration_s = time.perf_counter() - ex.started
             record(state.metrics, ex)
             if self.genai is not None:
                 self.genai.record(ex)
 
-    async def _refuse(self, state: State, ex: Exchange, error: GatewayError, send: Send) -> None:
-        ex.status, ex.outcome = error.status_code, type(error).__name__
+    async def _refuse(self, state: State, ex: Exchange, error: GatewayError, tracked: ResponseTracker) -> None:
         if isinstance(error, AuthFailure):
             state.metrics.auth_failures.labels(error.reason).inc()
         elif isinstance(error, Forbidden):
             state.metrics.auth_failures.labels("scope").inc()
-        await send_error(send, error, [(b"x-request-id", ex.request_id.encode())])
+        if tracked.started:  # a refusal raised after the response began cannot change its status
+            ex.outcome = type(error).__name__
+            return
+        ex.status, ex.outcome = error.status_code, type(error).__name__
+        await send_error(tracked.send, error, [*error.headers(), (b"x-request-id", ex.request_id.encode())])
+
+    async def _internal_error(self, state: State, ex: Exchange, error: Exception, tracked: ResponseTracker) -> None:
+        state.metrics.internal_errors.labels(ex.route).inc()
+        ex.outcome = "internal_error"
+        ex.extra["error_type"] = type(error).__name__
+        ex.extra["stack"] = stack_frames(error.__traceback__)
+        if tracked.started:
+            ex.status = ex.status or 500
+            return  # the status line is gone; the connection ends when this task does
+        ex.status = 500
+        refusal = InternalError("The gateway failed to handle this request.", code="internal_error")
+        try:
+            await send_error(tracked.send, refusal, [(b"x-request-id", ex.request_id.encode())])
+        except Exception as send_failure:  # the client is gone; the log line still says what happened
+            ex.extra["send_error_type"] = type(send_failure).__name__
 
     async def _serve(self, state: State, ex: Exchange, scope: Scope, receive: Receive, send: Send) -> None:
         policies = state.holder.current
@@ -184,7 +216,8 @@ class GatewayApp:
     ) -> None:
         if route.kind in FORWARDED_KINDS and grant is not None:
             tenant = policies.tenants[grant.tenant]
-            await state.proxy.forward(ex, policies, tenant, route, scope, receive, send)
+            async with state.admission.tenant_slot(tenant):
+                await state.proxy.forward(ex, policies, tenant, route, scope, receive, send)
             return
         ex.status, body, headers = await self._local(state, policies, route, scope)
         await send_body(send, ex.status, body, [*headers, (b"x-request-id", ex.request_id.encode())])
@@ -199,6 +232,7 @@ class GatewayApp:
         return _json(*await self._admin(state, policies, route, scope))
 
     async def _admin(self, state: State, policies: PolicySet, route: RouteSpec, scope: Scope) -> tuple[int, Any]:
+        admin_query(scope, route.path)  # unknown or malformed parameters are refused on every admin route
         if route.path == "/admin/policies":
             return 200, policies_view(policies)
         if route.path == "/admin/shadow":
@@ -213,22 +247,60 @@ class GatewayApp:
         return 501, openai_error_body(message, "not_implemented", None, "not_implemented")
 
 
+class ResponseTracker:
+    """Wraps `send` to remember whether the response has started (after that, no error status can be sent)."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
+PAIRS = re.compile(r"[0-9]{1,6}")
+MAX_RECENT_PAIRS = 5000
+ADMIN_QUERY_NAMES = {"/admin/shadow": frozenset({"pairs"}), "/admin/audit": frozenset({"tenant", "since"})}
+
+
+def admin_query(scope: Scope, path: str) -> dict[str, str]:
+    """The query parameters of an admin route: only its own names, each at most once, as printable text."""
+    raw: bytes = scope.get("query_string", b"")
+    try:
+        text = raw.decode("ascii")
+        pairs = parse_qs(text, keep_blank_values=True, strict_parsing=bool(text), errors="strict",
+                         max_num_fields=8)
+    except (UnicodeDecodeError, ValueError):
+        raise BadRequest("The query string is not valid.") from None
+    allowed = ADMIN_QUERY_NAMES.get(path, frozenset())
+    for name, values in pairs.items():
+        if name not in allowed:
+            raise BadRequest(f"Unknown query parameter {name!r} for {path}.", param=name)
+        if len(values) > 1:
+            raise BadRequest(f"Query parameter {name!r} is given more than once.", param=name)
+        if not values[0].isprintable():
+            raise BadRequest(f"Query parameter {name!r} holds control characters.", param=name)
+    return {name: values[0] for name, values in pairs.items()}
+
+
 def _recent_pairs(scope: Scope) -> int:
-    value = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("pairs", ["0"])[0]
-    if not value.isdigit():
-        raise BadRequest("pairs must be a non-negative integer.", param="pairs")
-    return min(int(value), 5000)
+    value = admin_query(scope, "/admin/shadow").get("pairs", "0")
+    if PAIRS.fullmatch(value) is None:
+        raise BadRequest("pairs must be a non-negative integer of at most 6 digits.", param="pairs")
+    return min(int(value), MAX_RECENT_PAIRS)
 
 
 def _audit_query(scope: Scope, policies: PolicySet) -> tuple[str | None, datetime | None]:
-    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    tenant = query.get("tenant", [None])[0]
+    query = admin_query(scope, "/admin/audit")
+    tenant = query.get("tenant")
     if tenant is not None and tenant not in policies.tenants and tenant != RESERVED_TENANT:
-        raise NotFound(f"No tenant {tenant!r}.", param="tenant")
-    since = query.get("since", [None])[0]
+        raise NotFound("No such tenant.", param="tenant")
+    since = query.get("since")
     try:
         return tenant, parse_since(since) if since else None
-    except ValueError:
+    except (ValueError, OverflowError):
         raise BadRequest("since must be an ISO 8601 time, e.g. 2026-11-29T12:00:00Z.", param="since") from None
 
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable
 
 from gateway.errors import BadRequest, Forbidden, Unauthorized
-from gateway.keys import hash_key
+from gateway.keys import hash_key_bytes
 from gateway.policy.loader import KeyGrant, PolicySet
 from gateway.routes import RouteSpec
 
@@ -26,41 +26,46 @@ class AuthFailure(Unauthorized):
         self.reason = reason
 
 
-def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> str:
-    bearer, api_key = _credential_headers(headers)
-    if bearer is None and api_key is None:
+def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """The key the client sent, as raw header bytes (any byte sequence is handled, never decoded).
+
+    Several Authorization or x-api-key headers must all carry the same key, and so must the two kinds:
+    a front proxy that reads the first header must not authorize a different identity than kvgate does.
+    """
+    bearers, api_keys = _credential_headers(headers)
+    if len(bearers) > 1 or len(api_keys) > 1:
+        raise AuthFailure("conflicting", "Several Authorization or x-api-key headers carry different keys.")
+    if not bearers and not api_keys:
         raise AuthFailure("missing", "An API key is required: send 'Authorization: Bearer <key>'.")
-    if bearer is not None and api_key is not None and not hmac.compare_digest(bearer, api_key):
+    if bearers and api_keys and not hmac.compare_digest(next(iter(bearers)), next(iter(api_keys))):
         raise AuthFailure("conflicting", "Authorization and x-api-key carry different keys.")
-    key = bearer if bearer is not None else api_key
-    assert key is not None
-    return key
+    return next(iter(bearers or api_keys))
 
 
-def _credential_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
-    bearer: str | None = None
-    api_key: str | None = None
+def _credential_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[set[bytes], set[bytes]]:
+    bearers: set[bytes] = set()
+    api_keys: set[bytes] = set()
     for name, value in headers:
         if name == b"authorization":
-            bearer = _bearer_token(value)
+            bearers.add(_bearer_token(value))
         elif name == b"x-api-key":
-            api_key = value.decode("latin-1").strip()
-    return bearer, api_key
+            api_keys.add(value.strip())
+    return bearers, api_keys
 
 
-def _bearer_token(value: bytes) -> str:
-    scheme, _, token = value.decode("latin-1").strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+def _bearer_token(value: bytes) -> bytes:
+    scheme, _, token = value.strip().partition(b" ")
+    if scheme.lower() != b"bearer" or not token.strip():
         raise AuthFailure("malformed", "The Authorization header must be 'Bearer <key>'.")
     return token.strip()
 
 
-def authenticate(key: str, policies: PolicySet) -> KeyGrant:
-    digest = hash_key(key)
+def authenticate(key: bytes, policies: PolicySet) -> KeyGrant:
+    digest = hash_key_bytes(key)
     # The lookup is keyed by a SHA-256 of the presented secret, so its timing reveals nothing usable;
     # the final comparison is constant-time all the same.
     grant = policies.keys.get(digest)
-    if grant is None or not hmac.compare_digest(grant.sha256, digest):
+    if grant is None or not hmac.compare_digest(grant.sha256.encode(), digest.encode()):
         raise AuthFailure("unknown_key", "The API key is not valid.")
     return grant
 

@@ -21,6 +21,10 @@ class GatewayError(Exception):
     def body(self) -> dict[str, Any]:
         return openai_error_body(self.message, self.error_type, self.param, self.code)
 
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """Extra response headers of this error (e.g. Retry-After)."""
+        return []
+
 
 class BadRequest(GatewayError):
     status_code = 400
@@ -47,6 +51,42 @@ class PayloadTooLarge(GatewayError):
 
 class UnsupportedMediaType(GatewayError):
     status_code = 415
+
+
+class RequestTimeout(GatewayError):
+    status_code = 408
+
+
+class Retryable(GatewayError):
+    """A refusal the client may retry after `retry_after_s` seconds (sent as Retry-After)."""
+
+    def __init__(self, message: str, *, retry_after_s: int, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", str(self.retry_after_s).encode())]
+
+
+class TooManyRequests(Retryable):
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, code="rate_limit_exceeded")
+
+
+class Overloaded(Retryable):
+    status_code = 503
+    error_type = "overloaded_error"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, code="overloaded")
+
+
+class InternalError(GatewayError):
+    status_code = 500
+    error_type = "internal_error"
 
 
 class UpstreamUnavailable(GatewayError):

@@ -13,7 +13,12 @@ def new_key() -> str:
 
 
 def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+    return hash_key_bytes(key.encode())
+
+
+def hash_key_bytes(key: bytes) -> str:
+    """The policy hash of a key as it arrived in a header (any bytes; UTF-8 keys hash as `hash_key`)."""
+    return hashlib.sha256(key).hexdigest()
 
 
 def policy_line(key: str) -> str:

@@ -32,6 +32,7 @@ class GatewayMetrics:
             ["reason"], registry=registry)
         self.policy_reloads = Counter(
             "kvgate_policy_reloads", "Policy directory loads by result.", ["result"], registry=registry)
+        self._limit_metrics(registry)
 
     def prime(self, policies: PolicySet) -> None:
         """Create every tenant's event counters at 0, so the first violation or mismatch is a visible rise."""
@@ -41,6 +42,21 @@ class GatewayMetrics:
             for outcome in ("compared", "dropped", "error"):
                 self.shadow_requests.labels(tenant, outcome)
             self.shadow_mismatches.labels(tenant)
+
+    def _limit_metrics(self, registry: CollectorRegistry) -> None:
+        self.connections_closed = Counter(
+            "kvgate_connections_closed",
+            "Client connections the gateway closed itself: header_too_large, header_timeout, idle_timeout, "
+            "too_many_connections, malformed.", ["reason"], registry=registry)
+        self.rate_limited = Counter(
+            "kvgate_rate_limited", "Requests refused by a limit: max_in_flight, requests_per_minute (429) or "
+            "global_in_flight (503).", ["tenant", "limit"], registry=registry)
+        self.rate_limit_fallbacks = Counter(
+            "kvgate_rate_limit_fallbacks", "Rate-limit decisions made locally because Redis did not answer.",
+            registry=registry)
+        self.internal_errors = Counter(
+            "kvgate_internal_errors", "Requests that hit an unexpected gateway error (answered 500 when possible).",
+            ["route"], registry=registry)
 
     def _request_metrics(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(

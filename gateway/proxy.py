@@ -7,6 +7,8 @@ which closes the upstream connection, so upstream stops generating.
 
 from __future__ import annotations
 
+import asyncio
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +29,8 @@ from gateway.asgi_io import (
 from gateway.assemble import StreamAssembler
 from gateway.balance import UpstreamHealth
 from gateway.disconnect import DisconnectGuard
-from gateway.errors import UnsupportedMediaType, openai_error_body
+from gateway.errors import BadRequest, RequestTimeout, UnsupportedMediaType, openai_error_body
+from gateway.limits.request_shape import JsonLimits, check_json_shape, check_user_value
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import TenantPolicy
 from gateway.record import Exchange
@@ -42,6 +45,9 @@ from gateway.upstream import open_first_reachable, upstream_errors, upstream_hea
 STREAM_FAILURES = (aiohttp.ClientError, TimeoutError)
 UserSaltSink = Callable[[str, int, str], None]
 RESPONSES_PATH = "/v1/responses"
+# Query strings travel upstream only in this conservative RFC 3986 form (no spaces, quotes or raw non-ASCII).
+FORWARDABLE_QUERY = re.compile(rb"[A-Za-z0-9._~%!$&'()*+,;=:@/?-]{0,2048}")
+IDENTITY = "identity"
 
 
 @dataclass(frozen=True)
@@ -58,12 +64,15 @@ class Outbound:
 
 class Proxy:
     def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, health: UpstreamHealth,
-                 shadow: ShadowRunner | None, remember_user_salt: UserSaltSink) -> None:
+                 shadow: ShadowRunner | None, remember_user_salt: UserSaltSink, json_limits: JsonLimits,
+                 body_timeout_s: float) -> None:
         self.session = session
         self.salt_secret = salt_secret
         self.health = health
         self.shadow = shadow
         self.remember_user_salt = remember_user_salt
+        self.json_limits = json_limits
+        self.body_timeout_s = body_timeout_s
 
     async def forward(
         self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
@@ -110,7 +119,9 @@ class Proxy:
         pool = policies.gateway.pools[ex.pool]
         candidates = self.health.candidates(pool.upstreams, prepared.affinity if prepared else tenant.tenant)
         query = scope.get("query_string", b"")
-        target = route.path + (f"?{query.decode('latin-1')}" if query else "")
+        if FORWARDABLE_QUERY.fullmatch(query) is None:
+            raise BadRequest("The query string holds characters that are not forwarded (use percent-encoding).")
+        target = route.path + (f"?{query.decode('ascii')}" if query else "")
         headers = upstream_headers(scope["headers"], ex.pool, pool, ex.request_id)
         sent_body = (prepared.body if prepared is not None else body) if scope["method"] == "POST" else None
         return Outbound(scope["method"], candidates, target, headers, sent_body, prepared)
@@ -121,7 +132,13 @@ class Proxy:
         content_type = (header(scope, b"content-type") or b"").split(b";")[0].strip().lower()
         if content_type != JSON_TYPE:
             raise UnsupportedMediaType("The request body must be JSON (Content-Type: application/json).")
-        return await read_body(scope, receive, policies.gateway.max_body_bytes)
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                body = await read_body(scope, receive, policies.gateway.max_body_bytes)
+        except TimeoutError:
+            raise RequestTimeout(f"The request body did not arrive within {self.body_timeout_s:g} s.") from None
+        check_json_shape(body, self.json_limits)
+        return body
 
     def _prepare(self, body: bytes, route: RouteSpec, tenant: TenantPolicy, scope: Scope) -> RewrittenRequest | None:
         if route.kind is Kind.FORWARD:
@@ -130,6 +147,7 @@ class Proxy:
             return None
         user_header = tenant.rollout.user_header
         header_user = header(scope, user_header.lower().encode()) if user_header else None
+        check_user_value(header_user, user_header or "user")
         user = header_user.decode("latin-1") if header_user else None
         prepared = rewrite_request(body, route, tenant, self.salt_secret, user)
         if tenant.cache.isolation == "user" and prepared.user is not None:
@@ -156,7 +174,11 @@ class Proxy:
     ) -> None:
         ex.status = response.status
         prepared = outbound.prepared
-        if response.status != 200 or prepared is None or not prepared.upstream_stream:
+        if content_encoding(response) != IDENTITY:
+            # Upstream ignored `Accept-Encoding: identity`; relay the bytes as they are, labelled (no scanning).
+            ex.extra["content_encoding"] = content_encoding(response)
+            await self._relay_whole(ex, route, response, send)
+        elif response.status != 200 or prepared is None or not prepared.upstream_stream:
             await self._relay_whole(ex, route, response, send)
         elif prepared.assemble:
             await self._relay_assembled(ex, route, response, send)
@@ -166,12 +188,16 @@ class Proxy:
     def _headers(self, ex: Exchange, response: aiohttp.ClientResponse, received: float) -> list[tuple[bytes, bytes]]:
         ex.overhead_s += time.perf_counter() - received
         content_type = response.headers.get("content-type", "application/json")
-        return [
+        headers = [
             (b"content-type", content_type.encode("latin-1")),
             (b"x-request-id", ex.request_id.encode()),
             (b"x-kvgate-pool", ex.pool.encode()),
             (b"x-kvgate-overhead-ms", f"{ex.overhead_s * 1000:.3f}".encode()),
         ]
+        encoding = content_encoding(response)
+        if encoding != IDENTITY:
+            headers.append((b"content-encoding", encoding.encode("latin-1")))
+        return headers
 
     async def _relay_whole(self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send) -> None:
         with upstream_errors(ex.pool):
@@ -179,7 +205,7 @@ class Proxy:
         received = time.perf_counter()
         if ex.capture is not None:
             ex.capture += body
-        if response.status == 200 and route.kind is Kind.GENERATE:
+        if response.status == 200 and route.kind is Kind.GENERATE and content_encoding(response) == IDENTITY:
             ex.usage = usage_from_json(body)
         await send_body(send, response.status, body, self._headers(ex, response, received))
 
@@ -223,6 +249,10 @@ class Proxy:
         ex.status = status
         headers = [(b"content-type", JSON_TYPE), *self._headers(ex, response, received)[1:]]
         await send_body(send, status, msgspec.json.encode(body), headers)
+
+
+def content_encoding(response: aiohttp.ClientResponse) -> str:
+    return response.headers.get("content-encoding", IDENTITY).strip().lower() or IDENTITY
 
 
 def primary_result(ex: Exchange) -> ArmResult | None:

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from gateway.errors import BadRequest
+from gateway.limits.request_shape import check_user_value
 from gateway.policy.model import OffloadPolicy, TenantPolicy
 from gateway.routes import Kind, RouteSpec
 from gateway.salts import derive_salt
@@ -46,6 +47,7 @@ def rewrite_request(
     body: bytes, route: RouteSpec, tenant: TenantPolicy, secret: bytes, header_user: str | None
 ) -> RewrittenRequest:
     request = parse_json_object(body)
+    check_user_value(request.get("user"), "user")
     kind = route.kind
     user = header_user if header_user is not None else _body_user(request)
     _apply_salt(request, tenant, secret, user)

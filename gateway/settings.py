@@ -29,3 +29,12 @@ class Settings(BaseSettings):
     shadow_timeout_s: float = Field(default=120.0, gt=0)
     shadow_flush_interval_s: float = Field(default=0.5, gt=0)  # shadow results are written in batches this often
     otel_metrics: bool = False  # also expose the OpenTelemetry GenAI metrics (gateway/otel_metrics.py)
+    # Connection and request limits, enforced before any key is checked (gateway/limits/, docs/limits.md).
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024)  # request line + headers; beyond: 431
+    header_timeout_s: float = Field(default=10.0, gt=0)  # first byte of a request to the end of its headers
+    idle_timeout_s: float = Field(default=15.0, gt=0)  # a connection with no request in progress is closed
+    body_timeout_s: float = Field(default=60.0, gt=0)  # end of headers to the end of the request body
+    max_connections: int = Field(default=4096, ge=1)  # open client connections; beyond: 503 and close
+    max_in_flight: int = Field(default=1024, ge=1)  # requests being served, all tenants; beyond: 503
+    json_max_depth: int = Field(default=64, ge=2)  # nesting of objects and arrays in a request body
+    json_max_items: int = Field(default=262_144, ge=1)  # values in a body (objects, arrays, members)

@@ -45,6 +45,7 @@ def upstream_headers(
 ) -> dict[str, str]:
     headers = {name.decode(): value.decode("latin-1") for name, value in inbound if name in FORWARDED_HEADERS}
     headers["content-type"] = "application/json"
+    headers["accept-encoding"] = "identity"  # the relay scans and re-labels bodies; it never decompresses
     headers["x-request-id"] = request_id
     return headers | pool_auth(pool_name, pool)
 

@@ -1,10 +1,14 @@
-"""A deliberately broken upstream for shadow tests, run as a real process:
-`python -m tests.fault_upstream --port P --mode hang|status500|drop`."""
+"""A deliberately broken upstream for shadow and proxy tests, run as a real process:
+`python -m tests.fault_upstream --port P --mode hang|status500|drop|gzip|gzip-always`.
+
+`gzip` compresses its JSON answer when the request's Accept-Encoding allows gzip (as a web server in front of
+vLLM may); `gzip-always` compresses it whatever the request said, and labels it `content-encoding: gzip`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -14,6 +18,8 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ERROR_BODY = b'{"error":{"message":"broken on purpose","type":"InternalServerError","param":null,"code":500}}'
+COMPLETION = (b'{"id":"cmpl-z","object":"text_completion","model":"sim-model","choices":[{"index":0,"text":"zipped",'
+              b'"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}')
 CHUNK = b'data: {"id":"cmpl-x","object":"text_completion","choices":[{"index":0,"text":"partial"}]}\n\n'
 
 
@@ -28,7 +34,9 @@ class FaultyUpstream:
             await _reply(send, 200, b"")
             return
         await _drain(receive)
-        if self.mode == "status500":
+        if self.mode.startswith("gzip"):
+            await _reply_gzip(scope, send, always=self.mode == "gzip-always")
+        elif self.mode == "status500":
             await _reply(send, 500, ERROR_BODY)
         elif self.mode == "drop":
             await send({"type": "http.response.start", "status": 200,
@@ -49,6 +57,16 @@ async def _wait_forever(receive: Receive) -> None:
         await asyncio.sleep(0)
 
 
+async def _reply_gzip(scope: Scope, send: Send, always: bool) -> None:
+    accepted = b"".join(value for name, value in scope["headers"] if name == b"accept-encoding")
+    if not always and b"gzip" not in accepted:
+        await _reply(send, 200, COMPLETION)
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-encoding", b"gzip")]})
+    await send({"type": "http.response.body", "body": gzip.compress(COMPLETION)})
+
+
 async def _reply(send: Send, status: int, body: bytes) -> None:
     await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": body})
@@ -57,7 +75,7 @@ async def _reply(send: Send, status: int, body: bytes) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--mode", choices=("hang", "status500", "drop"), required=True)
+    parser.add_argument("--mode", choices=("hang", "status500", "drop", "gzip", "gzip-always"), required=True)
     args = parser.parse_args()
     uvicorn.run(FaultyUpstream(args.mode), host="127.0.0.1", port=args.port, log_level="critical")
 

@@ -111,6 +111,13 @@ class ShadowPolicy(Strict):
         return self
 
 
+class TenantLimits(Strict):
+    """Admission limits of one tenant (gateway/limits/); null means no limit of that kind."""
+
+    max_in_flight: int | None = Field(default=None, ge=1)  # requests open at once, per gateway replica
+    requests_per_minute: int | None = Field(default=None, ge=1)  # shared by replicas through Redis if configured
+
+
 class TenantPolicy(Strict):
     tenant: str
     keys: list[KeyEntry] = Field(default_factory=list)
@@ -118,6 +125,7 @@ class TenantPolicy(Strict):
     offload: OffloadPolicy = Field(default_factory=OffloadPolicy)
     rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
     shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
+    limits: TenantLimits = Field(default_factory=TenantLimits)
     measure_ttft: bool = False
 
     @field_validator("tenant")

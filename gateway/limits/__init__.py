@@ -1,0 +1,1 @@
+"""Admission limits: connections, request shape, in-flight and per-minute caps (docs/limits.md)."""

@@ -10,6 +10,7 @@ import re
 import signal
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -49,6 +50,7 @@ from gateway.upstream import new_session
 
 log = get_logger(__name__)
 UNMATCHED_ROUTE = "unmatched"
+UNCAPPED_PATHS = frozenset({"/livez", "/readyz", "/metrics"})  # probes and scrapes answer even under overload
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
@@ -156,7 +158,8 @@ class GatewayApp:
         ex = Exchange(request_id=uuid.uuid4().hex, route=UNMATCHED_ROUTE, started=time.perf_counter())
         tracked = ResponseTracker(send)
         try:
-            async with state.admission.global_slot():
+            capped = scope["path"] not in UNCAPPED_PATHS
+            async with state.admission.global_slot() if capped else nullcontext():
                 await self._serve(state, ex, scope, receive, tracked.send)
         except GatewayError as error:
             await self._refuse(state, ex, error, tracked)

@@ -47,7 +47,7 @@ def connect(gateway: ServerProcess) -> socket.socket:
 
 def read_until_closed(sock: socket.socket) -> bytes:
     """Everything the gateway sends until it closes the connection (a guard timeout fails the test)."""
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = sock.recv(65536)
         if not chunk:

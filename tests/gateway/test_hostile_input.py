@@ -1,0 +1,240 @@
+"""Hostile and careless input against a served gateway: JSON shape bounds, identity-field lengths, credential
+headers with conflicting or arbitrary bytes, admin query strings, compressed upstream bodies, and the
+last-resort 500 (a real redis-server killed under the gateway)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, standard_policy
+from tests.harness import PolicyDir, bearer, new_secret, run_gateway
+from tests.ledger.redis_proc import RedisProcess
+from tests.procs import ServerProcess, free_port, run_server
+
+USER_HEADER = "x-end-user"
+
+
+class Hostile:
+    def __init__(self, gateway: ServerProcess, policy: PolicyDir) -> None:
+        self.gateway = gateway
+        self.policy = policy
+
+    def post(self, tenant: str, body: bytes | object, path: str = "/v1/completions",
+             headers: dict[str, str] | None = None) -> httpx.Response:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        all_headers = {**bearer(self.policy.keys[tenant]), "content-type": "application/json", **(headers or {})}
+        return httpx.post(f"{self.gateway.url}{path}", content=content, headers=all_headers, timeout=30)
+
+    def raw(self, request: bytes) -> tuple[int, bytes]:
+        with socket.create_connection(("127.0.0.1", self.gateway.port), timeout=20) as sock:
+            sock.sendall(request)
+            chunks: list[bytes] = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+                if b"\r\n\r\n" in b"".join(chunks):
+                    break
+        head = b"".join(chunks)
+        return int(head.split(b" ", 2)[1]), head
+
+
+@pytest.fixture(scope="module")
+def hostile(sim: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
+    root = tmp_path_factory.mktemp("hostile")
+    policy = standard_policy(root / "policies", sim.url)
+    policy.add_tenant("hdr", cache={"isolation": "user"}, rollout={"user_header": USER_HEADER})
+    policy.write()
+    with run_gateway(policy.root, root / "gateway.log", new_secret(), {UPSTREAM_KEY_ENV: UPSTREAM_KEY}) as gateway:
+        yield Hostile(gateway, policy)
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def completion_with(extra: str) -> bytes:
+    return b'{"model":"' + SIM_MODEL.encode() + b'","prompt":"hi","max_tokens":1,"extra":' + extra.encode() + b"}"
+
+
+def error_of(reply: httpx.Response) -> dict[str, object]:
+    error: dict[str, object] = reply.json()["error"]
+    return error
+
+
+@pytest.mark.parametrize("depth", [66, 3000, 200_000])
+def test_deep_json_is_400(hostile: Hostile, depth: int) -> None:
+    reply = hostile.post("acme", completion_with(nested(depth)))
+    assert reply.status_code == 400
+    assert "nests deeper" in str(error_of(reply)["message"])
+
+
+def test_deep_json_on_a_validated_forward_route_is_400(hostile: Hostile) -> None:
+    reply = hostile.post("acme", nested(5000).encode(), path="/tokenize")
+    assert reply.status_code == 400
+
+
+def test_nesting_within_the_bound_and_brackets_in_strings_pass(hostile: Hostile) -> None:
+    body = completion_with(json.dumps({"text": "[[[{{{" * 500, "deep": json.loads(nested(60))}))
+    reply = hostile.post("acme", body)
+    assert reply.status_code == 200, reply.text
+
+
+def test_too_many_values_is_400(hostile: Hostile) -> None:
+    reply = hostile.post("acme", completion_with("[" + ",".join(["0"] * 300_000) + "]"))
+    assert reply.status_code == 400
+    assert "values" in str(error_of(reply)["message"])
+
+
+@pytest.mark.parametrize(("user", "status"), [("u" * 256, 200), ("u" * 257, 400), ("é" * 129, 400)])
+def test_user_field_is_at_most_256_bytes(hostile: Hostile, user: str, status: int) -> None:
+    reply = hostile.post("gamma", {"model": SIM_MODEL, "prompt": "hi", "max_tokens": 1, "user": user})
+    assert reply.status_code == status, reply.text
+    if status == 400:
+        assert error_of(reply)["param"] == "user"
+
+
+@pytest.mark.parametrize(("value", "status"), [("h" * 256, 200), ("h" * 257, 400)])
+def test_user_header_is_at_most_256_bytes(hostile: Hostile, value: str, status: int) -> None:
+    body = {"model": SIM_MODEL, "prompt": "hi", "max_tokens": 1}
+    reply = hostile.post("hdr", body, headers={USER_HEADER: value})
+    assert reply.status_code == status, reply.text
+
+
+def auth_failures(hostile: Hostile, reason: str) -> float:
+    text = httpx.get(f"{hostile.gateway.url}/metrics", headers=bearer(hostile.policy.keys["ops"]), timeout=10).text
+    prefix = f'kvgate_auth_failures_total{{reason="{reason}"}}'
+    return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix)), 0.0)
+
+
+def models(hostile: Hostile, headers: list[tuple[bytes, bytes]]) -> httpx.Response:
+    return httpx.get(f"{hostile.gateway.url}/v1/models", headers=headers, timeout=10)
+
+
+def test_two_differing_authorization_headers_are_conflicting(hostile: Hostile) -> None:
+    good = hostile.policy.keys["acme"].encode()
+    before = auth_failures(hostile, "conflicting")
+    for pair in ([b"Bearer nope", b"Bearer " + good], [b"Bearer " + good, b"Bearer nope"]):
+        reply = models(hostile, [(b"authorization", value) for value in pair])
+        assert reply.status_code == 401
+    assert auth_failures(hostile, "conflicting") == before + 2
+
+
+def test_two_differing_api_key_headers_are_conflicting(hostile: Hostile) -> None:
+    good = hostile.policy.keys["acme"].encode()
+    reply = models(hostile, [(b"x-api-key", good), (b"x-api-key", b"other")])
+    assert reply.status_code == 401
+    assert "different keys" in str(error_of(reply)["message"])
+
+
+def test_repeated_identical_credentials_are_accepted(hostile: Hostile) -> None:
+    good = hostile.policy.keys["acme"].encode()
+    headers = [(b"authorization", b"Bearer " + good), (b"authorization", b"Bearer " + good), (b"x-api-key", good)]
+    assert models(hostile, headers).status_code == 200
+
+
+@pytest.mark.parametrize("value", [b"\xe9\xe9", b"\xff\xfe\x80", b"k\x01ey", "ключ".encode()])
+def test_any_bytes_in_credential_headers_are_401(hostile: Hostile, value: bytes) -> None:
+    request = (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + value
+               + b"\r\nx-api-key: " + value[::-1] + b"\r\n\r\n")
+    status, head = hostile.raw(request)
+    assert status in (400, 401), head  # 400 only when the HTTP parser itself refuses the byte
+    status, head = hostile.raw(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + value + b"\r\n\r\n")
+    assert status in (400, 401), head
+
+
+@pytest.mark.parametrize("query", ["pairs=%C2%B2", "pairs=" + "9" * 5000, "pairs=-1", "pairs=1&pairs=2", "other=1",
+                                   "pairs=%ff"])
+def test_shadow_query_values_are_400(hostile: Hostile, query: str) -> None:
+    reply = httpx.get(f"{hostile.gateway.url}/admin/shadow?{query}", headers=bearer(hostile.policy.keys["root"]),
+                      timeout=30)
+    assert reply.status_code == 400, reply.text
+
+
+@pytest.mark.parametrize("query", ["since=yesterday", "since=9999999999-01-01", "tenant=acme&tenant=beta", "x=1",
+                                   "since=%00"])
+def test_audit_query_values_are_400(hostile: Hostile, query: str) -> None:
+    reply = httpx.get(f"{hostile.gateway.url}/admin/audit?{query}", headers=bearer(hostile.policy.keys["root"]),
+                      timeout=30)
+    assert reply.status_code == 400, reply.text
+
+
+def test_valid_admin_queries_still_work(hostile: Hostile) -> None:
+    headers = bearer(hostile.policy.keys["root"])
+    assert httpx.get(f"{hostile.gateway.url}/admin/shadow?pairs=3", headers=headers, timeout=30).status_code == 200
+    audit = httpx.get(f"{hostile.gateway.url}/admin/audit?tenant=acme&since=2026-11-29T12:00:00Z", headers=headers,
+                      timeout=30)
+    assert audit.status_code == 200
+
+
+def test_raw_bytes_in_a_forwarded_query_are_400(hostile: Hostile) -> None:
+    key = hostile.policy.keys["acme"].encode()
+    status, _ = hostile.raw(b"GET /v1/models?a=\xff\"< HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key + b"\r\n\r\n")
+    assert status == 400
+
+
+def test_log_is_json_only(hostile: Hostile) -> None:
+    for line in hostile.gateway.log_text().splitlines():
+        assert isinstance(json.loads(line), dict), line
+
+
+# -- compressed upstream bodies --------------------------------------------------------------------
+
+
+@pytest.fixture(params=["gzip", "gzip-always"])
+def zipping_gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Hostile]]:
+    mode: str = request.param
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.fault_upstream", "--port", str(port), "--mode", mode]
+    with run_server(argv, port, tmp_path / "zip.log", ready_path="/health") as upstream:
+        policy = PolicyDir(tmp_path / "policies", {"zip": {"upstreams": [upstream.url]}})
+        policy.add_tenant("acme")
+        policy.write()
+        with run_gateway(policy.root, tmp_path / "gateway.log", new_secret()) as gateway:
+            yield mode, Hostile(gateway, policy)
+
+
+def test_compressed_upstream_bodies_are_never_relayed_unlabelled(zipping_gateway: tuple[str, Hostile]) -> None:
+    mode, hostile = zipping_gateway
+    body = json.dumps({"model": SIM_MODEL, "prompt": "hi", "max_tokens": 1}).encode()
+    key = hostile.policy.keys["acme"]
+    reply = httpx.post(f"{hostile.gateway.url}/v1/completions", content=body, timeout=30,
+                       headers={**bearer(key), "content-type": "application/json", "accept-encoding": "gzip"})
+    assert reply.status_code == 200
+    if mode == "gzip":  # the gateway asks for identity, so a well-behaved upstream does not compress
+        assert "content-encoding" not in reply.headers
+    else:  # an upstream that compresses anyway: the client is told, so its HTTP library decodes the body
+        assert reply.headers["content-encoding"] == "gzip"
+    assert reply.json()["choices"][0]["text"] == "zipped"
+
+
+# -- the last-resort handler -----------------------------------------------------------------------
+
+
+@pytest.mark.redis
+def test_an_unexpected_failure_is_an_openai_shaped_500_in_json_logs(sim: ServerProcess, tmp_path: Path) -> None:
+    redis_server = RedisProcess(tmp_path / "redis").start()
+    policy = standard_policy(tmp_path / "policies", sim.url)
+    policy.write()
+    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY, "KVGATE_REDIS_URL": redis_server.url}
+    try:
+        with run_gateway(policy.root, tmp_path / "gateway.log", new_secret(), env) as gateway:
+            redis_server.kill()  # SIGKILL: the shadow store disappears under the gateway
+            root = bearer(policy.keys["root"])
+            reply = httpx.get(f"{gateway.url}/admin/shadow", headers=root, timeout=30)
+            assert reply.status_code == 500
+            assert error_of(reply)["code"] == "internal_error"
+            metrics = httpx.get(f"{gateway.url}/metrics", headers=bearer(policy.keys["ops"]), timeout=10).text
+            assert 'kvgate_internal_errors_total{route="/admin/shadow"} 1.0' in metrics
+            request_id = reply.headers["x-request-id"]
+        lines = [json.loads(line) for line in gateway.log_text().splitlines()]
+        logged = [line for line in lines if line.get("request_id") == request_id]
+        assert len(logged) == 1 and logged[0]["status"] == 500 and logged[0]["outcome"] == "internal_error"
+        assert logged[0]["error_type"]
+    finally:
+        redis_server.stop()

@@ -36,5 +36,5 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(default=60.0, gt=0)  # end of headers to the end of the request body
     max_connections: int = Field(default=4096, ge=1)  # open client connections; beyond: 503 and close
     max_in_flight: int = Field(default=1024, ge=1)  # requests being served, all tenants; beyond: 503
-    json_max_depth: int = Field(default=64, ge=2)  # nesting of objects and arrays in a request body
+    json_max_depth: int = Field(default=64, ge=2, le=512)  # nesting; the decoder itself stops near 1,000
     json_max_items: int = Field(default=262_144, ge=1)  # values in a body (objects, arrays, members)

@@ -114,8 +114,8 @@ class ShadowPolicy(Strict):
 class TenantLimits(Strict):
     """Admission limits of one tenant (gateway/limits/); null means no limit of that kind."""
 
-    max_in_flight: int | None = Field(default=None, ge=1)  # requests open at once, per gateway replica
-    requests_per_minute: int | None = Field(default=None, ge=1)  # shared by replicas through Redis if configured
+    max_in_flight: int | None = Field(default=None, ge=1, strict=True)  # requests open at once, per replica
+    requests_per_minute: int | None = Field(default=None, ge=1, strict=True)  # shared through Redis if set
 
 
 class TenantPolicy(Strict):

@@ -1,0 +1,76 @@
+"""Tenant `limits` in policy files, the per-minute arithmetic (GCRA) and the JSON shape scan."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.errors import BadRequest
+from gateway.limits.rate import LocalRateLimiter
+from gateway.limits.request_shape import JsonLimits, check_json_shape, structure_outside_strings
+from gateway.policy.loader import PolicyLoadError, load_policy_set
+
+REPO_POLICIES = Path(__file__).resolve().parents[2] / "policies"
+
+
+def with_limits(tmp_path: Path, limits: object) -> Path:
+    target = tmp_path / "policies"
+    shutil.copytree(REPO_POLICIES, target)
+    path = target / "tenants" / "acme.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["limits"] = limits
+    path.write_text(yaml.safe_dump(data))
+    return target
+
+
+def test_limits_load() -> None:
+    assert load_policy_set(REPO_POLICIES).tenants["acme"].limits.max_in_flight is None
+
+
+def test_valid_limits_load(tmp_path: Path) -> None:
+    policies = load_policy_set(with_limits(tmp_path, {"max_in_flight": 4, "requests_per_minute": 600}))
+    assert policies.tenants["acme"].limits.requests_per_minute == 600
+
+
+@pytest.mark.parametrize("limits", [{"max_in_flight": 0}, {"requests_per_minute": -1}, {"max_in_flight": True},
+                                    {"requests_per_minute": "60"}, {"requests_per_minute": 1.5}, {"burst": 3}])
+def test_invalid_limits_name_the_field(tmp_path: Path, limits: dict[str, object]) -> None:
+    with pytest.raises(PolicyLoadError) as raised:
+        load_policy_set(with_limits(tmp_path, limits))
+    (problem,) = raised.value.problems
+    assert "limits." in problem
+
+
+def test_gcra_admits_the_budget_then_one_per_interval() -> None:
+    limiter = LocalRateLimiter()
+    assert [limiter.acquire_now("t", 3, 0.0) for _ in range(3)] == [None, None, None]
+    wait = limiter.acquire_now("t", 3, 0.0)
+    assert wait == pytest.approx(20.0)  # one request per 20 s after a burst of 3
+    assert limiter.acquire_now("t", 3, 19.9) is not None
+    assert limiter.acquire_now("t", 3, 20.0) is None
+    assert limiter.acquire_now("other", 3, 20.0) is None
+
+
+def test_structure_ignores_strings_and_escapes() -> None:
+    body = json.dumps({"a": 'x\\"[[[{\\\\', "b\\": ["\"]", 1]}).encode()
+    assert structure_outside_strings(body) == b"{,[,]}"
+
+
+@pytest.mark.parametrize(("depth", "refused"), [(64, False), (65, True), (5000, True)])
+def test_depth_bound(depth: int, refused: bool) -> None:
+    body = b'{"x":' + b"[" * (depth - 1) + b"]" * (depth - 1) + b',"s":"' + b"[" * 500 + b'"}'
+    if refused:
+        with pytest.raises(BadRequest):
+            check_json_shape(body, JsonLimits(64, 10_000))
+    else:
+        check_json_shape(body, JsonLimits(64, 10_000))
+
+
+def test_items_bound() -> None:
+    check_json_shape(json.dumps(list(range(99))).encode(), JsonLimits(64, 100))
+    with pytest.raises(BadRequest):
+        check_json_shape(json.dumps(list(range(101))).encode(), JsonLimits(64, 100))

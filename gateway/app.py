@@ -24,6 +24,7 @@ from gateway.asgi_io import ClientDisconnected, Receive, Scope, Send, send_body,
 from gateway.audit_cli import parse_since
 from gateway.auth import AuthFailure, authenticate, authorize, check_path, presented_key
 from gateway.balance import UpstreamHealth
+from gateway.canary.runner import CanaryRunner
 from gateway.errors import BadRequest, Forbidden, GatewayError, NotFound, openai_error_body
 from gateway.ledger.service import LedgerService
 from gateway.log import get_logger
@@ -63,6 +64,7 @@ class State:
     tasks: TaskSupervisor
     shadow: ShadowRunner
     ledger: LedgerService
+    canary: CanaryRunner
     ready: bool = True
 
 
@@ -121,7 +123,11 @@ class GatewayApp:
         shadow = self._shadow_runner(health, tasks)
         log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants))
         proxy = Proxy(session, self.secret, health, shadow, ledger.remember_user_salt)
-        return State(holder, self.metrics, session, proxy, tasks, shadow, ledger)
+        canary = CanaryRunner(session, self.secret, self.metrics.registry)
+        canary.prime(policies)
+        holder.listeners.append(canary.prime)
+        tasks.spawn(canary.schedule(lambda: holder.current), "isolation-canary")
+        return State(holder, self.metrics, session, proxy, tasks, shadow, ledger, canary)
 
     def _shadow_runner(self, health: UpstreamHealth, tasks: TaskSupervisor) -> ShadowRunner:
         store = open_shadow_store(self.settings.redis_url, self.settings.state_path)
@@ -205,7 +211,12 @@ class GatewayApp:
             return 200, await state.shadow.report(policies, _recent_pairs(scope))
         if route.path == "/admin/audit":
             tenant, since = _audit_query(scope, policies)
-            return 200, await state.ledger.audit(policies, tenant, since)
+            report = await state.ledger.audit(policies, tenant, since)
+            return 200, {**report, "isolation_canary": state.canary.summary(policies)}
+        if route.path == "/admin/canary":
+            pools = _canary_pools(scope, policies)
+            outcomes = [o for pool in pools for o in await state.canary.run_pool(policies, pool)]
+            return 200, {"outcomes": [outcome.view() for outcome in outcomes]}
         if route.path == "/admin/reload":
             changed = state.holder.reload()
             return 200, {"reloaded": changed, "policy_version": state.holder.current.version}
@@ -218,6 +229,15 @@ def _recent_pairs(scope: Scope) -> int:
     if not value.isdigit():
         raise BadRequest("pairs must be a non-negative integer.", param="pairs")
     return min(int(value), 5000)
+
+
+def _canary_pools(scope: Scope, policies: PolicySet) -> list[str]:
+    pool = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("pool", [None])[0]
+    if pool is None:
+        return sorted(policies.gateway.pools)
+    if pool not in policies.gateway.pools:
+        raise NotFound(f"No pool {pool!r}.", param="pool")
+    return [pool]
 
 
 def _audit_query(scope: Scope, policies: PolicySet) -> tuple[str | None, datetime | None]:

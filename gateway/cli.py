@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit(commands)
     _add_demo(commands)
     _add_loadtest(commands)
+    _add_canary(commands)
     return parser
 
 
@@ -67,6 +68,10 @@ def _policy_check(args: argparse.Namespace) -> int:
             print(problem, file=sys.stderr)
         return 1
     print(f"ok: {len(policies.tenants)} tenants, {len(policies.gateway.pools)} pools, version {policies.version}")
+    from gateway.connectors.capabilities import connector_warnings
+
+    for line in connector_warnings(policies):
+        print(f"warning: {line}")
     return 0
 
 
@@ -129,6 +134,12 @@ def _add_loadtest(commands: argparse._SubParsersAction[argparse.ArgumentParser])
 
     help_text = "offload A/B protocol through the gateway, with a report"
     loadtest_cli.add_arguments(commands.add_parser("loadtest", help=help_text))
+
+
+def _add_canary(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.canary import cli as canary_cli
+
+    canary_cli.add_arguments(commands.add_parser("canary", help="probe tenant isolation on every pool now"))
 
 
 def _demo(args: argparse.Namespace) -> int:

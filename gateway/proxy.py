@@ -26,6 +26,7 @@ from gateway.asgi_io import (
 )
 from gateway.assemble import StreamAssembler
 from gateway.balance import UpstreamHealth
+from gateway.connectors.lmcache_tags import stamp_body
 from gateway.disconnect import DisconnectGuard
 from gateway.errors import UnsupportedMediaType, openai_error_body
 from gateway.policy.loader import PolicySet
@@ -90,8 +91,11 @@ class Proxy:
         if not self.shadow.sampled(tenant, ex.request_id, ex.pool):
             return None
         shadow_id = f"{ex.request_id}-shadow"
+        shadow_pool = policies.gateway.pools.get(tenant.shadow.pool or "")
+        body = prepared.body if shadow_pool is None else stamp_body(
+            prepared.body, shadow_pool, self.salt_secret, tenant.offload)
         call = ShadowCall(tenant=tenant.tenant, primary_pool=ex.pool, path=route.path, request_id=shadow_id,
-                          headers={**outbound.headers, "x-request-id": shadow_id}, body=prepared.body,
+                          headers={**outbound.headers, "x-request-id": shadow_id}, body=body,
                           streamed=prepared.upstream_stream, deterministic=prepared.deterministic,
                           affinity=prepared.affinity)
         slot = self.shadow.mirror(policies, tenant, call)
@@ -112,7 +116,9 @@ class Proxy:
         query = scope.get("query_string", b"")
         target = route.path + (f"?{query.decode('latin-1')}" if query else "")
         headers = upstream_headers(scope["headers"], ex.pool, pool, ex.request_id)
-        sent_body = (prepared.body if prepared is not None else body) if scope["method"] == "POST" else None
+        if prepared is not None:
+            body = stamp_body(prepared.body, pool, self.salt_secret, tenant.offload)
+        sent_body = body if scope["method"] == "POST" else None
         return Outbound(scope["method"], candidates, target, headers, sent_body, prepared)
 
     async def _body(self, scope: Scope, receive: Receive, route: RouteSpec, policies: PolicySet) -> bytes:

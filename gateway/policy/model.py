@@ -8,7 +8,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Scope = Literal["inference", "metrics", "admin"]
-Medium = Literal["GPU", "CPU", "STORAGE"]
+Medium = Literal["GPU", "CPU", "STORAGE", "DISK", "REMOTE"]
+# What a pool's vLLM servers offload through; decides what the gateway stamps into `kv_transfer_params`
+# (docs/lmcache.md). `offloading` is vLLM's native OffloadingConnector, today's behaviour.
+Connector = Literal["offloading", "lmcache", "lmcache-mp", "none"]
+LMCACHE_CONNECTORS: frozenset[str] = frozenset({"lmcache", "lmcache-mp"})
+EventFormat = Literal["vllm", "lmcache"]
 RESERVED_TENANT = "unattributed"
 TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -23,12 +28,27 @@ class Strict(BaseModel):
 class KvEventSource(Strict):
     endpoint: str
     replay: str | None = None
+    format: EventFormat | None = None  # None: by the pool's connector (lmcache pools: lmcache, else vllm)
+
+
+class CanaryPolicy(Strict):
+    """The isolation canary of one pool (gateway/canary/): off unless an interval is set."""
+
+    interval_s: float | None = Field(default=None, ge=60)
+    prefix_tokens: int = Field(default=1024, ge=256, le=32768)
+    model: str | None = None  # the model name to send; None asks the pool's /v1/models
 
 
 class PoolConfig(Strict):
     upstreams: list[str] = Field(min_length=1)
     api_key_env: str | None = None
     kv_events: list[str | KvEventSource] = Field(default_factory=list)
+    connector: Connector = "offloading"
+    canary: CanaryPolicy = Field(default_factory=CanaryPolicy)
+
+    @property
+    def lmcache(self) -> bool:
+        return self.connector in LMCACHE_CONNECTORS
 
     @field_validator("upstreams")
     @classmethod

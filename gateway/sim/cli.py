@@ -71,6 +71,19 @@ def _offload_arguments(parser: argparse.ArgumentParser) -> None:
                        help="cost of a token loaded from (or stored to) the CPU tier (default %(default)s)")
 
 
+def _lmcache_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("LMCache in-process mode (LMCacheConnectorV1); see docs/lmcache.md")
+    group.add_argument("--lmcache", action="store_true", help="an LMCache tier instead of --offload")
+    group.add_argument("--lmcache-chunk-size", type=int, default=SimConfig.lmcache_chunk_size,
+                       help="tokens per LMCache chunk (default %(default)s)")
+    group.add_argument("--lmcache-chunks", type=int, default=SimConfig.lmcache_chunks,
+                       help="chunks the tier holds before evicting silently (default %(default)s)")
+    group.add_argument("--lmcache-ignore-salt", action="store_true",
+                       help="leave cache_salt out of the cache identity, like the versions with that defect")
+    group.add_argument("--lmcache-medium", default=SimConfig.lmcache_medium,
+                       help="medium name on LMCache's KV events: cpu, disk, remote, ... (default %(default)s)")
+
+
 def _event_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("KV events (ZMQ)")
     group.add_argument("--kv-events-endpoint", default=None,
@@ -87,7 +100,8 @@ def _event_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the `kvgate sim` flags on `parser`."""
-    for register in (_server_arguments, _cache_arguments, _offload_arguments, _event_arguments):
+    for register in (_server_arguments, _cache_arguments, _offload_arguments, _lmcache_arguments,
+                     _event_arguments):
         register(parser)
 
 

@@ -37,6 +37,11 @@ class SimConfig:
     kv_events_topic: str = ""
     kv_events_buffer_steps: int = 10000
     self_describing_kv_events: bool = False
+    lmcache: bool = False
+    lmcache_chunk_size: int = 256
+    lmcache_chunks: int = 4096
+    lmcache_ignore_salt: bool = False
+    lmcache_medium: str = "cpu"
     replay_without_topic: bool = False
     corrupt_output: bool = False
     enable_request_id_headers: bool = False
@@ -52,6 +57,8 @@ class SimConfig:
         found = [f"{name} must be positive" for name in _POSITIVE if getattr(self, name) <= 0]
         if self.block_size > 0 and self.offload_block_size % self.block_size:
             found.append("offload_block_size must be a multiple of block_size")
+        if self.offload and self.lmcache:
+            found.append("--offload and --lmcache are two KV connectors; a server has one")
         found += [f"{name} must not be negative" for name in _NON_NEGATIVE if getattr(self, name) < 0]
         return found
 
@@ -81,6 +88,7 @@ class SimConfig:
 
 
 _POSITIVE = ("port", "block_size", "gpu_blocks", "max_model_len", "max_tokens_default", "offload_block_size",
-             "kv_bytes_per_token", "kv_events_buffer_steps", "record_limit")
+             "kv_bytes_per_token", "kv_events_buffer_steps", "record_limit", "lmcache_chunk_size",
+             "lmcache_chunks")
 _NON_NEGATIVE = ("base_ttft_ms", "prefill_us_per_token", "cached_us_per_token", "decode_ms_per_token",
                  "load_us_per_token", "cpu_bytes_to_use")

@@ -26,6 +26,7 @@ from gateway.sim.config import SimConfig
 from gateway.sim.gpu_cache import Acquired, PrefixCache
 from gateway.sim.hashing import chain_hashes
 from gateway.sim.kv_events import Event, EventSink
+from gateway.sim.lmcache import LMCacheConnector
 from gateway.sim.metrics import FinishStats, PrefillStats, SimMetrics
 from gateway.sim.offload import OffloadConnector
 from gateway.sim.protocol import GenRequest
@@ -66,6 +67,7 @@ class Engine:
         self.offload = (
             OffloadConnector(config, metrics.offload, sink.enabled) if metrics.offload is not None else None
         )
+        self.lmcache = LMCacheConnector(config, sink.enabled) if config.lmcache else None
         self.waiting = 0
         self.running = 0
         self._lock = asyncio.Lock()
@@ -98,6 +100,8 @@ class Engine:
             self.sink.publish([kv_events.all_cleared()])
         if reset_external and self.offload is not None:
             self.offload.tier.clear()
+        if reset_external and self.lmcache is not None:
+            self.lmcache.clear()
         self._update_gauges()
         return True
 
@@ -142,6 +146,9 @@ class Engine:
         run.gpu_hit = hit_blocks * size
         if self.offload is not None:
             run.loaded = self.offload.hit_tokens(run.hashes, run.gpu_hit, run.request.caps.max_load_tokens)
+        if self.lmcache is not None:
+            request = run.request
+            run.loaded = self.lmcache.hit_tokens(request.prompt, request.body, request.cache_salt, run.gpu_hit)
         return hit_blocks
 
     def _prefill_seconds(self, run: Run) -> float:
@@ -171,7 +178,10 @@ class Engine:
         run.pending = []
         if self.offload is not None:
             self._offload_after_prefill(run)
-        self.metrics.observe_prefill(self._prefill_stats(run), self.offload is not None)
+        if self.lmcache is not None:
+            self._lmcache_after_prefill(run, self.lmcache)
+        connector = self.offload is not None or self.lmcache is not None
+        self.metrics.observe_prefill(self._prefill_stats(run), connector)
 
     def _offload_after_prefill(self, run: Run) -> None:
         assert self.offload is not None
@@ -179,6 +189,12 @@ class Engine:
             self.offload.load(run.hashes, run.gpu_hit, run.loaded)
         request = run.request
         self._publish(self.offload.store(request.prompt, run.hashes, request.caps.max_offload_tokens))
+
+    def _lmcache_after_prefill(self, run: Run, lmcache: LMCacheConnector) -> None:
+        request = run.request
+        if run.loaded:
+            lmcache.load(request.prompt, request.body, request.cache_salt, run.loaded)
+        self._publish(lmcache.store(request.prompt, request.body, request.cache_salt))
 
     def _prefill_stats(self, run: Run) -> PrefillStats:
         assert run.first_token_at is not None

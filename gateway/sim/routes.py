@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway.sim import tokenizer
 from gateway.sim.asgi import HttpRequest, Send, send_bytes, send_json
+from gateway.sim.engine import Engine
 from gateway.sim.errors import SimError, bad_request, validation_error
 from gateway.sim.generate import base_request_id, require_json, serve_generation
 from gateway.sim.protocol import Kind, chat_messages, check_model, decode_json, validate_body
@@ -180,6 +181,14 @@ async def sim_requests_clear(state: SimState, request: HttpRequest, record: Requ
     return 200, {"cleared": True}
 
 
+def _lmcache_state(engine: Engine) -> dict[str, int] | None:
+    tier = engine.lmcache
+    if tier is None:
+        return None
+    return {"stored_chunks": len(tier), "hit_tokens_total": tier.hit_tokens_total,
+            "stored_tokens_total": tier.stored_tokens_total}
+
+
 async def sim_state(state: SimState, request: HttpRequest, record: RequestRecord) -> Reply:
     engine = state.engine
     cache = engine.cache
@@ -189,7 +198,8 @@ async def sim_state(state: SimState, request: HttpRequest, record: RequestRecord
         "model": state.config.model,
         "gpu": {"num_blocks": cache.num_blocks, "cached_blocks": cache.cached_blocks,
                 "blocks_in_use": cache.blocks_in_use, "usage": cache.usage},
-        "cpu": cpu, "waiting": engine.waiting, "running": engine.running, "in_flight": state.in_flight,
+        "cpu": cpu, "lmcache": _lmcache_state(engine),
+        "waiting": engine.waiting, "running": engine.running, "in_flight": state.in_flight,
         "sleep_level": state.sleep_level, "reset_prefix_cache_calls": state.reset_calls,
         "kv_events": None if state.publisher is None else {
             "batches_total": state.publisher.enqueued, "batches_sent": state.publisher.next_seq,

@@ -1,0 +1,59 @@
+"""Which policy fields each pool's connector can enforce; `kvgate policy check` prints the rest. Pure.
+
+Facts (docs/lmcache.md has the sources): vLLM 0.25's OffloadingConnector reads `max_offload_tokens` but not
+`max_load_tokens`; LMCache reads only `lmcache.*` keys, so neither cap reaches it — a store cap of 0 is sent as
+`lmcache.skip_save` (honoured in-process; LMCache's multi-process docs do not promise it), and nothing
+limits what LMCache loads. No connector enforces `retention_seconds` or `allowed_media`: the ledger audits
+them after the fact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gateway.policy.loader import PolicySet
+from gateway.policy.model import PoolConfig, TenantPolicy
+
+UPSTREAM_MEDIA = {"offloading": ("GPU", "CPU"), "lmcache": ("GPU", "CPU", "DISK", "REMOTE"),
+                  "lmcache-mp": ("GPU", "CPU", "DISK", "REMOTE"), "none": ("GPU",)}
+
+
+def connector_warnings(policies: PolicySet) -> list[str]:
+    """One line per (tenant, pool, field) the pool's connector cannot enforce."""
+    lines: list[str] = []
+    for name, tenant in sorted(policies.tenants.items()):
+        for pool_name in _pools_of(policies, tenant):
+            pool = policies.gateway.pools[pool_name]
+            lines += [f"tenants/{name}.yaml: {field}: {why} (pool {pool_name!r}, connector {pool.connector})"
+                      for field, why in _unenforced(tenant, pool)]
+    return lines
+
+
+def _pools_of(policies: PolicySet, tenant: TenantPolicy) -> list[str]:
+    named = {policies.target_pool(tenant), tenant.rollout.else_pool, tenant.shadow.pool}
+    return sorted(pool for pool in named if pool is not None)
+
+
+def _unenforced(tenant: TenantPolicy, pool: PoolConfig) -> Iterator[tuple[str, str]]:
+    offload = tenant.offload
+    if pool.lmcache:
+        yield from _lmcache_gaps(tenant, pool)
+    elif pool.connector == "offloading" and offload.max_load_tokens is not None:
+        yield "offload.max_load_tokens", "vLLM 0.25's OffloadingConnector ignores it (0.32+ reads it)"
+    if offload.retention_seconds is not None and pool.connector != "none":
+        yield "offload.retention_seconds", "no connector expires blocks on request; audited by the ledger only"
+    risky = [m for m in UPSTREAM_MEDIA[pool.connector] if m not in offload.allowed_media]
+    if risky and pool.connector != "none":
+        yield "offload.allowed_media", f"the connector may still place blocks on {risky}; audited, not prevented"
+
+
+def _lmcache_gaps(tenant: TenantPolicy, pool: PoolConfig) -> Iterator[tuple[str, str]]:
+    offload = tenant.offload
+    if offload.max_load_tokens is not None:
+        yield "offload.max_load_tokens", "LMCache has no per-request load cap"
+    if offload.max_offload_tokens not in (None, 0):
+        yield "offload.max_offload_tokens", "LMCache stores all or nothing; only 0 is honoured (as skip_save)"
+    if offload.max_offload_tokens == 0 and pool.connector == "lmcache-mp":
+        yield "offload.max_offload_tokens", "sent as lmcache.skip_save, which multi-process mode may not honour"
+    if tenant.cache.isolation == "none":
+        yield "cache.isolation", "no salt, so no tenant tag: LMCache entries are shared across tenants"

@@ -32,7 +32,7 @@ from gateway.errors import GatewayError
 from gateway.log import get_logger
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import PoolConfig
-from gateway.upstream import pool_auth
+from gateway.proxy.upstream import pool_auth
 
 log = get_logger(__name__)
 SCHEDULE_TICK_S = 5.0  # how often the schedule loop looks for a pool whose interval has passed

@@ -1,0 +1,147 @@
+"""LMCache's blocks as they reach vLLM's KV-event stream, decoded and attributed. Pure, stateful per source.
+
+What LMCache sends (read from LMCache 0.5's cache engine and vLLM's LMCache connector; docs/lmcache.md):
+one `BlockStored` per stored chunk, with LMCache's own prefix hash of the chunk's tokens, the previous chunk's
+hash as parent, the chunk's token ids, `block_size` = tokens in the chunk, no `extra_keys`, and LMCache's own
+`medium` names (lower-case `cpu`, or the name of a storage backend). It sends no `BlockRemoved`: evictions
+from LMCache's tiers, and a multi-process server's moves between its tiers, are never observed.
+
+Two consequences handled here:
+- Medium names map onto the policy vocabulary (`allowed_media`): memory tiers to CPU, disk-like backends to
+  DISK, network backends to REMOTE; an unknown name stays itself, upper-cased, so it can only be a violation.
+- The chunk hash carries neither tag nor salt, so two tenants storing one prefix send the same hash. A chunk
+  is attributed to the GPU chain (vLLM's own events on the same stream, whose root carries the salt) that
+  last held exactly that token prefix on this server, and gets a hash of its own per owner, so the two
+  tenants' copies are two ledger records. A chunk whose prefix no GPU chain held stays unattributed.
+  Caveat: when two identities computed the same prefix in one engine step, the later one is named.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Any
+
+import msgspec
+
+from gateway.kvevents.wire import (
+    AllBlocksCleared,
+    BatchDecoder,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    HashValue,
+    KvEvent,
+)
+
+VLLM_MEDIA = frozenset({"GPU", "CPU", "STORAGE"})  # vLLM's own (upper-case) names; anything else is LMCache's
+MEDIUM_GROUPS: dict[str, tuple[str, ...]] = {
+    "CPU": ("cpu", "localcpubackend", "local_cpu", "pinned", "cxl"),
+    "DISK": ("disk", "localdiskbackend", "local_disk", "gds", "gdsbackend", "weka", "nvme", "file", "fs"),
+    "REMOTE": ("remote", "remotebackend", "redis", "valkey", "lm", "mooncake", "infinistore", "s3", "nixl",
+               "p2p", "blackhole"),
+}
+MEDIUM_OF = {name: group for group, names in MEDIUM_GROUPS.items() for name in names}
+UNOBSERVED = ("evictions from LMCache's own tiers (it sends no removal events)",
+              "moves between an LMCache server's tiers (multi-process mode)")
+PRIME = (1 << 61) - 1
+BASE = 1_000_003
+PREFIX_CAPACITY = 500_000
+Prefix = tuple[int, int]  # (rolling hash of the token prefix, its length): the same however it is chunked
+
+
+def lmcache_medium(name: str | None) -> str:
+    """The policy medium for an LMCache medium name."""
+    if not name:
+        return "CPU"
+    return MEDIUM_OF.get(name.lower(), name.upper())
+
+
+class _TokenStored(msgspec.Struct, tag="BlockStored", frozen=True):
+    block_hashes: list[HashValue]
+    parent_block_hash: HashValue | None = None
+    token_ids: list[int] | None = None
+    block_size: int | None = None
+    medium: str | None = None
+    extra_keys: list[Any] | None = None
+
+
+class _Batch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[_TokenStored | BlockRemoved | AllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
+class _Bounded(OrderedDict[Any, Any]):
+    def remember(self, key: Any, value: Any) -> None:
+        self[key] = value
+        if len(self) > PREFIX_CAPACITY:
+            self.popitem(last=False)
+
+
+def extend(prefix: Prefix, tokens: list[int]) -> Prefix:
+    value, length = prefix
+    for token in tokens:
+        value = (value * BASE + token + 1) % PRIME
+    return value, length + len(tokens)
+
+
+class LMCacheDecoder:
+    """vLLM's envelope and GPU events as `wire` decodes them, plus LMCache's chunks, mapped and attributed."""
+
+    def __init__(self) -> None:
+        self._typed = msgspec.msgpack.Decoder(_Batch)
+        self._fallback = BatchDecoder()  # older array-encoded or unusual payloads: no token ids, no attribution
+        self._gpu: _Bounded = _Bounded()  # GPU block hash -> (prefix, root extra keys)
+        self._owner_of_prefix: _Bounded = _Bounded()  # prefix -> root extra keys of the chain that held it
+        self._chunks: _Bounded = _Bounded()  # LMCache chunk hash -> its prefix
+
+    def decode(self, payload: bytes) -> EventBatch:
+        try:
+            batch = self._typed.decode(payload)
+        except msgspec.DecodeError:
+            return self._fallback.decode(payload)
+        return EventBatch(ts=batch.ts, events=[self._convert(event) for event in batch.events])
+
+    def _convert(self, event: _TokenStored | BlockRemoved | AllBlocksCleared) -> KvEvent:
+        if not isinstance(event, _TokenStored):
+            return event
+        if event.medium is None or event.medium in VLLM_MEDIA:
+            self._learn_gpu(event)
+            return BlockStored(event.block_hashes, event.parent_block_hash, event.medium, event.extra_keys)
+        return self._chunk(event)
+
+    def _learn_gpu(self, event: _TokenStored) -> None:
+        if event.medium not in (None, "GPU") or not event.token_ids or not event.block_size:
+            return
+        if event.parent_block_hash is None:
+            state: tuple[Prefix, Any] | None = ((0, 0), event.extra_keys[0] if event.extra_keys else None)
+        else:
+            state = self._gpu.get(event.parent_block_hash)
+        if state is None:
+            return
+        prefix, root = state
+        size = event.block_size
+        for index, block_hash in enumerate(event.block_hashes):
+            prefix = extend(prefix, event.token_ids[index * size : (index + 1) * size])
+            self._gpu.remember(block_hash, (prefix, root))
+            self._owner_of_prefix.remember(prefix, root)
+
+    def _chunk(self, event: _TokenStored) -> BlockStored:
+        medium = lmcache_medium(event.medium)
+        chunk_hash = event.block_hashes[0] if event.block_hashes else 0
+        start = (0, 0) if event.parent_block_hash is None else self._chunks.get(event.parent_block_hash)
+        if start is None or not event.token_ids:
+            return BlockStored(event.block_hashes, None, medium, None)
+        prefix = extend(start, event.token_ids)
+        self._chunks.remember(chunk_hash, prefix)
+        root = self._owner_of_prefix.get(prefix)
+        if root is None:
+            return BlockStored(event.block_hashes, None, medium, None)
+        return BlockStored([owned_hash(root, chunk_hash)], None, medium, [root])
+
+
+def owned_hash(root: Any, chunk_hash: HashValue) -> int:
+    """A per-owner 64-bit hash for an LMCache chunk (its own hash is the same for every tenant)."""
+    digest = hashlib.sha256(msgspec.msgpack.encode([root, chunk_hash])).digest()
+    return int.from_bytes(digest[:8], "big")

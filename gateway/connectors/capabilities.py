@@ -1,10 +1,12 @@
 """Which policy fields each pool's connector can enforce; `kvgate policy check` prints the rest. Pure.
 
 Facts (docs/lmcache.md has the sources): vLLM 0.25's OffloadingConnector reads `max_offload_tokens` but not
-`max_load_tokens`; LMCache reads only `lmcache.*` keys, so neither cap reaches it — a store cap of 0 is sent as
-`lmcache.skip_save` (honoured in-process; LMCache's multi-process docs do not promise it), and nothing
-limits what LMCache loads. No connector enforces `retention_seconds` or `allowed_media`: the ledger audits
-them after the fact.
+`max_load_tokens`. LMCache 0.5.6 reads only `lmcache.*` keys, so neither cap reaches it: a store cap of 0 is
+sent as `lmcache.skip_save`, which its in-process adapter honours and its multi-process path does not read;
+nothing limits what LMCache loads. In multi-process mode the server's key holds `cache_salt` but not the
+`lmcache.*` configs, so there the tenant tag travels but isolates nothing — the salt does. No connector
+enforces `retention_seconds` or `allowed_media`: the ledger audits them after the fact, and LMCache's
+in-process events name every tier `cpu`.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def _unenforced(tenant: TenantPolicy, pool: PoolConfig) -> Iterator[tuple[str, s
         yield "offload.retention_seconds", "no connector expires blocks on request; audited by the ledger only"
     risky = [m for m in UPSTREAM_MEDIA[pool.connector] if m not in offload.allowed_media]
     if risky and pool.connector != "none":
-        yield "offload.allowed_media", f"the connector may still place blocks on {risky}; audited, not prevented"
+        note = "; LMCache's in-process events call every tier cpu" if pool.connector == "lmcache" else ""
+        yield "offload.allowed_media", f"the connector may still place blocks on {risky}; audited, not prevented{note}"
 
 
 def _lmcache_gaps(tenant: TenantPolicy, pool: PoolConfig) -> Iterator[tuple[str, str]]:
@@ -54,6 +57,8 @@ def _lmcache_gaps(tenant: TenantPolicy, pool: PoolConfig) -> Iterator[tuple[str,
     if offload.max_offload_tokens not in (None, 0):
         yield "offload.max_offload_tokens", "LMCache stores all or nothing; only 0 is honoured (as skip_save)"
     if offload.max_offload_tokens == 0 and pool.connector == "lmcache-mp":
-        yield "offload.max_offload_tokens", "sent as lmcache.skip_save, which multi-process mode may not honour"
+        yield "offload.max_offload_tokens", "sent as lmcache.skip_save, which LMCache 0.5.6's MP path ignores"
+    if pool.connector == "lmcache-mp" and tenant.cache.isolation != "none":
+        yield "cache.isolation", "the MP server keys on cache_salt, not on the tenant tag: run the canary"
     if tenant.cache.isolation == "none":
         yield "cache.isolation", "no salt, so no tenant tag: LMCache entries are shared across tenants"

@@ -10,7 +10,7 @@ import msgspec
 
 from gateway.kvevents.formats.base import decoder_for
 from gateway.kvevents.formats.lmcache import lmcache_medium
-from gateway.kvevents.wire import BlockStored
+from gateway.kvevents.wire import BlockRemoved, BlockStored
 
 BLOCK, CHUNK = 4, 8
 
@@ -63,3 +63,15 @@ def test_medium_names() -> None:
 def test_the_vllm_format_keeps_lmcache_names_raw() -> None:
     batch = decoder_for("vllm").decode(payload(chunk(9, None, [5] * 8, "cpu")))
     assert stored(batch.events)[0].medium == "cpu"
+
+
+def test_multi_process_cpu_events_are_chunks_and_a_removal_closes_every_owner() -> None:
+    tokens = list(range(8))
+    decoder = decoder_for("lmcache")
+    decoder.decode(payload(gpu_chain(100, tokens, "salt-a"), chunk(7, None, tokens, "CPU")))
+    batch = decoder.decode(payload(gpu_chain(200, tokens, "salt-b"), chunk(7, None, tokens, "CPU")))
+    owners = stored(batch.events)[-1]
+    assert owners.extra_keys == [["salt-b"]] and owners.medium == "CPU"
+    removal = decoder.decode(payload({"type": "BlockRemoved", "block_hashes": [7], "medium": "CPU"})).events[0]
+    assert isinstance(removal, BlockRemoved)
+    assert removal.medium == "CPU" and len(removal.block_hashes) == 2 and 7 not in removal.block_hashes

@@ -1,10 +1,12 @@
 """LMCache's blocks as they reach vLLM's KV-event stream, decoded and attributed. Pure, stateful per source.
 
-What LMCache sends (read from LMCache 0.5's cache engine and vLLM's LMCache connector; docs/lmcache.md):
-one `BlockStored` per stored chunk, with LMCache's own prefix hash of the chunk's tokens, the previous chunk's
-hash as parent, the chunk's token ids, `block_size` = tokens in the chunk, no `extra_keys`, and LMCache's own
-`medium` names (lower-case `cpu`, or the name of a storage backend). It sends no `BlockRemoved`: evictions
-from LMCache's tiers, and a multi-process server's moves between its tiers, are never observed.
+What LMCache 0.5.6 sends (read from its wheel's cache engine, its multi-process vLLM adapter, and vLLM
+0.25.0's LMCache connector; docs/lmcache.md): one `BlockStored` per stored chunk, with LMCache's own prefix
+hash of the chunk's tokens, the previous chunk's hash as parent, the chunk's token ids, `block_size` = tokens
+in the chunk and no `extra_keys`. In-process, the medium is always `cpu`, whichever backend keeps the chunk,
+and nothing is ever removed. In multi-process mode the adapter relays the server's first-tier (`CPU`) stores
+and removals only. So evictions from in-process tiers, and every move or placement below the first tier of an
+LMCache server, are never observed. On a pool whose connector is LMCache every non-GPU event is LMCache's.
 
 Two consequences handled here:
 - Medium names map onto the policy vocabulary (`allowed_media`): memory tiers to CPU, disk-like backends to
@@ -34,7 +36,6 @@ from gateway.kvevents.wire import (
     KvEvent,
 )
 
-VLLM_MEDIA = frozenset({"GPU", "CPU", "STORAGE"})  # vLLM's own (upper-case) names; anything else is LMCache's
 MEDIUM_GROUPS: dict[str, tuple[str, ...]] = {
     "CPU": ("cpu", "localcpubackend", "local_cpu", "pinned", "cxl"),
     "DISK": ("disk", "localdiskbackend", "local_disk", "gds", "gdsbackend", "weka", "nvme", "file", "fs"),
@@ -95,6 +96,7 @@ class LMCacheDecoder:
         self._gpu: _Bounded = _Bounded()  # GPU block hash -> (prefix, root extra keys)
         self._owner_of_prefix: _Bounded = _Bounded()  # prefix -> root extra keys of the chain that held it
         self._chunks: _Bounded = _Bounded()  # LMCache chunk hash -> its prefix
+        self._owned: _Bounded = _Bounded()  # LMCache chunk hash -> the hashes the ledger was given for it
 
     def decode(self, payload: bytes) -> EventBatch:
         try:
@@ -104,15 +106,24 @@ class LMCacheDecoder:
         return EventBatch(ts=batch.ts, events=[self._convert(event) for event in batch.events])
 
     def _convert(self, event: _TokenStored | BlockRemoved | AllBlocksCleared) -> KvEvent:
+        if isinstance(event, BlockRemoved) and event.medium not in (None, "GPU"):
+            return self._removed(event)
         if not isinstance(event, _TokenStored):
             return event
-        if event.medium is None or event.medium in VLLM_MEDIA:
+        if event.medium in (None, "GPU"):
             self._learn_gpu(event)
             return BlockStored(event.block_hashes, event.parent_block_hash, event.medium, event.extra_keys)
         return self._chunk(event)
 
+    def _removed(self, event: BlockRemoved) -> BlockRemoved:
+        """A chunk hash names the content, not the owner: its removal closes every owner's record of it."""
+        hashes: list[HashValue] = []
+        for chunk_hash in event.block_hashes:
+            hashes += self._owned.pop(chunk_hash, [chunk_hash])
+        return BlockRemoved(hashes, lmcache_medium(event.medium))
+
     def _learn_gpu(self, event: _TokenStored) -> None:
-        if event.medium not in (None, "GPU") or not event.token_ids or not event.block_size:
+        if not event.token_ids or not event.block_size:
             return
         if event.parent_block_hash is None:
             state: tuple[Prefix, Any] | None = ((0, 0), event.extra_keys[0] if event.extra_keys else None)
@@ -131,14 +142,15 @@ class LMCacheDecoder:
         medium = lmcache_medium(event.medium)
         chunk_hash = event.block_hashes[0] if event.block_hashes else 0
         start = (0, 0) if event.parent_block_hash is None else self._chunks.get(event.parent_block_hash)
-        if start is None or not event.token_ids:
-            return BlockStored(event.block_hashes, None, medium, None)
-        prefix = extend(start, event.token_ids)
-        self._chunks.remember(chunk_hash, prefix)
-        root = self._owner_of_prefix.get(prefix)
-        if root is None:
-            return BlockStored(event.block_hashes, None, medium, None)
-        return BlockStored([owned_hash(root, chunk_hash)], None, medium, [root])
+        root = None
+        if start is not None and event.token_ids:
+            prefix = extend(start, event.token_ids)
+            self._chunks.remember(chunk_hash, prefix)
+            root = self._owner_of_prefix.get(prefix)
+        hashes: list[HashValue] = event.block_hashes if root is None else [owned_hash(root, chunk_hash)]
+        known = self._owned.get(chunk_hash, [])
+        self._owned.remember(chunk_hash, known + [h for h in hashes if h not in known])
+        return BlockStored(hashes, None, medium, None if root is None else [root])
 
 
 def owned_hash(root: Any, chunk_hash: HashValue) -> int:

@@ -43,8 +43,9 @@ MEDIUM_GROUPS: dict[str, tuple[str, ...]] = {
                "p2p", "blackhole"),
 }
 MEDIUM_OF = {name: group for group, names in MEDIUM_GROUPS.items() for name in names}
-UNOBSERVED = ("evictions from LMCache's own tiers (it sends no removal events)",
-              "moves between an LMCache server's tiers (multi-process mode)")
+UNOBSERVED = ("evictions from in-process LMCache tiers (it sends no removal events: such blocks stay resident here)",
+              "which LMCache tier holds a chunk (in-process events call every tier cpu)",
+              "placements and moves below an LMCache server's first tier (multi-process mode relays CPU only)")
 PRIME = (1 << 61) - 1
 BASE = 1_000_003
 PREFIX_CAPACITY = 500_000

@@ -41,10 +41,11 @@ PROBE_ERRORS = (aiohttp.ClientError, TimeoutError, GatewayError, msgspec.DecodeE
 
 class CanaryRunner:
     def __init__(self, session: aiohttp.ClientSession, secret: bytes, registry: CollectorRegistry,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, tick_s: float = SCHEDULE_TICK_S) -> None:
         self.session = session
         self.secret = secret
         self.clock = clock
+        self.tick_s = tick_s
         self.runs = Counter("kvgate_isolation_canary", "Isolation canary probes by pool and result.",
                             ["pool", "result"], registry=registry)
         self.latest: dict[tuple[str, str], Outcome] = {}
@@ -85,7 +86,7 @@ class CanaryRunner:
                 if interval is not None and self.clock() - last_run.get(name, 0.0) >= interval:
                     last_run[name] = self.clock()
                     await self.run_pool(policies, name)
-            await asyncio.sleep(SCHEDULE_TICK_S)
+            await asyncio.sleep(self.tick_s)
 
     async def _probe_upstream(self, pool_name: str, pool: PoolConfig, upstream: str) -> Outcome:
         try:

@@ -42,8 +42,6 @@ def _unenforced(tenant: TenantPolicy, pool: PoolConfig) -> Iterator[tuple[str, s
         yield from _lmcache_gaps(tenant, pool)
     elif pool.connector == "offloading" and offload.max_load_tokens is not None:
         yield "offload.max_load_tokens", "vLLM 0.25's OffloadingConnector ignores it (0.32+ reads it)"
-    if offload.retention_seconds is not None and pool.connector != "none":
-        yield "offload.retention_seconds", "no connector expires blocks on request; audited by the ledger only"
     risky = [m for m in UPSTREAM_MEDIA[pool.connector] if m not in offload.allowed_media]
     if risky and pool.connector != "none":
         note = "; LMCache's in-process events call every tier cpu" if pool.connector == "lmcache" else ""

@@ -48,7 +48,7 @@ UNOBSERVED = ("evictions from in-process LMCache tiers (it sends no removal even
               "placements and moves below an LMCache server's first tier (multi-process mode relays CPU only)")
 PRIME = (1 << 61) - 1
 BASE = 1_000_003
-PREFIX_CAPACITY = 500_000
+PREFIX_CAPACITY = 200_000  # GPU blocks remembered per source: far more than one server caches
 Prefix = tuple[int, int]  # (rolling hash of the token prefix, its length): the same however it is chunked
 
 

@@ -128,7 +128,9 @@ def _add_loadtest(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     from gateway.cli import loadtest as loadtest_cli
 
     help_text = "offload A/B protocol through the gateway, with a report"
-    loadtest_cli.add_arguments(commands.add_parser("loadtest", help=help_text))
+    loadtest = commands.add_parser("loadtest", help=help_text)
+    loadtest_cli.add_arguments(loadtest)
+    loadtest.set_defaults(command=loadtest_cli.run)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -11,17 +11,16 @@ from typing import Any
 import msgspec
 
 from gateway.errors import BadRequest
-from gateway.http.routes import Kind, RouteSpec
 from gateway.policy.model import OffloadPolicy, TenantPolicy
+from gateway.routes import Kind, RouteSpec, StreamStyle
 from gateway.salts import derive_salt
 
 CAP_KEYS = ("max_load_tokens", "max_offload_tokens")
-CHUNK_STREAM_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 @dataclass(frozen=True)
 class RewrittenRequest:
-    body: bytes
+    request: dict[str, Any]  # the rewritten body, open to features (gateway.proxy.features) until encoded
     upstream_stream: bool
     client_stream: bool
     strip_usage: bool  # the gateway asked for usage the client did not want
@@ -30,6 +29,11 @@ class RewrittenRequest:
     user: str | None
     deterministic: bool
     affinity: str  # salt and the start of the prompt: requests sharing both can share cached blocks
+
+    @property
+    def body(self) -> bytes:
+        """The request as JSON; the proxy encodes once, after every feature has had its turn."""
+        return msgspec.json.encode(self.request)
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -55,11 +59,11 @@ def rewrite_request(
         raise BadRequest("kv_transfer_params is only accepted on generation routes.", param="kv_transfer_params")
     client_stream = request.get("stream") is True
     # Responses-API streams always end with usage, and vLLM has no stream_options there.
-    chunked_api = kind is Kind.GENERATE and route.path in CHUNK_STREAM_PATHS
+    chunked_api = kind is Kind.GENERATE and route.stream is StreamStyle.CHUNKS
     assemble = chunked_api and tenant.measure_ttft and not client_stream
     strip_usage = chunked_api and (client_stream or assemble) and _request_usage(request)
     return RewrittenRequest(
-        body=msgspec.json.encode(request),
+        request=request,
         upstream_stream=client_stream or assemble,
         client_stream=client_stream,
         strip_usage=strip_usage,

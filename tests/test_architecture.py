@@ -20,7 +20,7 @@ LEAVES = {
 }
 LAYERS: dict[str, int] = {
     **dict.fromkeys(LEAVES, 0),
-    "policy": 1, "routes": 1, "asgi": 1,
+    "policy": 1, "routes": 1, "asgi": 1, "storage": 1,
     "proxy": 2, "kvevents": 2,
     "shadow": 3, "ledger": 3, "reuse": 3, "plan": 3, "limits": 3, "canary": 3,
     "http": 4,

@@ -27,7 +27,8 @@ from gateway.shadow.client import ShadowClient
 from gateway.shadow.feature import ShadowFeature
 from gateway.shadow.recorder import ShadowRecorder
 from gateway.shadow.runner import ShadowRunner
-from gateway.shadow.store import open_shadow_store
+from gateway.shadow.store import ShadowStore, open_shadow_store
+from gateway.storage import Storage
 from gateway.tasks import TaskSupervisor
 
 log = get_logger(__name__)
@@ -45,6 +46,7 @@ class State:
     tasks: TaskSupervisor
     shadow: ShadowRunner
     ledger: LedgerService
+    storage: Storage
     ready: bool = True
 
 
@@ -56,14 +58,15 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     session = new_session(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
     tasks = TaskSupervisor("gateway")
     tasks.spawn(holder.watch(settings.reload_interval_s), "policy-watch")
+    storage = await Storage.open(settings.redis_url, settings.state_path)
     ledger = await LedgerService.open(settings, metrics, holder, tasks)
     health = UpstreamHealth()
-    shadow = _shadow_runner(settings, metrics, health, tasks)
+    shadow = _shadow_runner(settings, metrics, health, tasks, await open_shadow_store(storage))
     features = Features(request_features(ledger, shadow, genai))
     log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants),
              features=[feature.name for feature in features.all])
     proxy = Proxy(session, secret, health, features)
-    return State(holder, metrics, session, proxy, features, tasks, shadow, ledger)
+    return State(holder, metrics, session, proxy, features, tasks, shadow, ledger, storage)
 
 
 def request_features(
@@ -77,9 +80,8 @@ def request_features(
 
 
 def _shadow_runner(
-    settings: Settings, metrics: GatewayMetrics, health: UpstreamHealth, tasks: TaskSupervisor
+    settings: Settings, metrics: GatewayMetrics, health: UpstreamHealth, tasks: TaskSupervisor, store: ShadowStore
 ) -> ShadowRunner:
-    store = open_shadow_store(settings.redis_url, settings.state_path)
     recorder = ShadowRecorder(store, settings.shadow_flush_interval_s)
     tasks.spawn(recorder.run(), "shadow-recorder")
     return ShadowRunner(ShadowClient(settings.connect_timeout_s), metrics, recorder, TaskSupervisor("shadow"),
@@ -92,4 +94,5 @@ async def stop(state: State) -> None:
     await state.tasks.close()
     await state.shadow.close()
     await state.session.close()
+    await state.storage.close()
     log.info("gateway_stopped")

@@ -5,6 +5,7 @@ The request features (gateway.proxy.features) are listed once, in order, in `req
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,8 +52,8 @@ class State:
 
 
 async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, genai: OtelGenAIMetrics | None) -> State:
-    policies = load_policy_set(Path(settings.policies))
-    holder = PolicyHolder(Path(settings.policies), policies, metrics)
+    policies = load_policy_set(Path(settings.policies), os.environ)
+    holder = PolicyHolder(Path(settings.policies), policies, metrics, os.environ)
     metrics.prime(policies.tenants, ShadowOutcome)
     holder.listeners.append(lambda current: metrics.prime(current.tenants, ShadowOutcome))
     session = new_session(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)

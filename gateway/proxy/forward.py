@@ -80,7 +80,7 @@ class Proxy:
         candidates = self.health.candidates(pool.upstreams, prepared.affinity if prepared else tenant.tenant)
         query = scope.get("query_string", b"")
         target = route.path + (f"?{query.decode('latin-1')}" if query else "")
-        headers = upstream_headers(scope["headers"], ex.pool, pool, ex.request_id)
+        headers = upstream_headers(scope["headers"], policies.pool_auth(ex.pool), ex.request_id)
         sent_body = (prepared.body if prepared is not None else body) if scope["method"] == "POST" else None
         return call, Outbound(scope["method"], candidates, target, headers, sent_body)
 

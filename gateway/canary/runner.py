@@ -31,8 +31,6 @@ from gateway.canary.probe import (
 from gateway.errors import GatewayError
 from gateway.log import get_logger
 from gateway.policy.loader import PolicySet
-from gateway.policy.model import PoolConfig
-from gateway.proxy.upstream import pool_auth
 
 log = get_logger(__name__)
 SCHEDULE_TICK_S = 5.0  # how often the schedule loop looks for a pool whose interval has passed
@@ -57,11 +55,10 @@ class CanaryRunner:
                 self.runs.labels(pool, str(result))
 
     async def run_pool(self, policies: PolicySet, pool_name: str) -> list[Outcome]:
-        pool = policies.gateway.pools[pool_name]
         outcomes = []
         async with self._lock:
-            for upstream in pool.upstreams:
-                outcome = await self._probe_upstream(pool_name, pool, upstream)
+            for upstream in policies.gateway.pools[pool_name].upstreams:
+                outcome = await self._probe_upstream(policies, pool_name, upstream)
                 self.runs.labels(pool_name, str(outcome.result)).inc()
                 self.latest[(pool_name, upstream)] = outcome
                 log.info("isolation_canary", pool=pool_name, upstream=upstream, result=str(outcome.result),
@@ -88,14 +85,15 @@ class CanaryRunner:
                     await self.run_pool(policies, name)
             await asyncio.sleep(self.tick_s)
 
-    async def _probe_upstream(self, pool_name: str, pool: PoolConfig, upstream: str) -> Outcome:
+    async def _probe_upstream(self, policies: PolicySet, pool_name: str, upstream: str) -> Outcome:
         try:
-            return await self._probe(pool_name, pool, upstream)
+            return await self._probe(policies, pool_name, upstream)
         except PROBE_ERRORS as error:
             return Outcome(pool_name, upstream, Result.ERROR, detail=type(error).__name__, at=self.clock())
 
-    async def _probe(self, pool_name: str, pool: PoolConfig, upstream: str) -> Outcome:
-        headers = {"content-type": "application/json", **pool_auth(pool_name, pool)}
+    async def _probe(self, policies: PolicySet, pool_name: str, upstream: str) -> Outcome:
+        pool = policies.gateway.pools[pool_name]
+        headers = {"content-type": "application/json", **policies.pool_auth(pool_name)}
         model = pool.canary.model or await self._model(upstream, headers)
         probe = Probe(random_prefix(pool.canary.prefix_tokens), model)
         cached_a = await self._complete(upstream, headers, probe.body(IDENTITY_A, self.secret, pool))

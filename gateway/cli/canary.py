@@ -12,7 +12,7 @@ import sys
 
 import httpx
 
-from gateway.devtools.tables import table
+from gateway.tables import table
 
 ADMIN_KEY_ENV = "KVGATE_ADMIN_KEY"
 COLUMNS = ("pool", "upstream", "result", "cached_tokens_a", "cached_tokens_b", "external_hits_delta_b")

@@ -44,14 +44,10 @@ def lmcache_params(secret: bytes, salt: str | None, caps: OffloadPolicy, sent: d
     return params
 
 
-def stamp_body(body: bytes, pool: PoolConfig, secret: bytes, caps: OffloadPolicy) -> bytes:
-    """The rewritten body as it goes to one pool: unchanged unless the pool runs LMCache."""
-    if not pool.lmcache:
-        return body
-    request = msgspec.json.decode(body)
-    sent = request.get("kv_transfer_params") or {}
-    extra = lmcache_params(secret, request.get("cache_salt"), caps, sent)
-    if not extra:
-        return body
-    request["kv_transfer_params"] = {**sent, **extra}
-    return msgspec.json.encode(request)
+def body_for_pool(request: dict[str, Any], lmcache: dict[str, Any], pool: PoolConfig) -> bytes:
+    """The rewritten request as it goes to one pool: with the `lmcache.*` entries only when the pool runs LMCache."""
+    if not pool.lmcache or not lmcache:
+        return msgspec.json.encode(request)
+    params = request.get("kv_transfer_params")
+    merged = {**(params if isinstance(params, dict) else {}), **lmcache}
+    return msgspec.json.encode({**request, "kv_transfer_params": merged})

@@ -8,15 +8,12 @@ which closes the upstream connection, so upstream stops generating.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import aiohttp
 import msgspec
 
-from gateway.connectors.lmcache_tags import stamp_body
-from gateway.errors import UnsupportedMediaType, openai_error_body
-from gateway.http.asgi import (
+from gateway.asgi.disconnect import DisconnectGuard
+from gateway.asgi.io import (
     JSON_TYPE,
     Receive,
     Scope,
@@ -26,100 +23,69 @@ from gateway.http.asgi import (
     send_body,
     start_message,
 )
-from gateway.http.disconnect import DisconnectGuard
-from gateway.http.routes import Kind, RouteSpec
+from gateway.connectors.lmcache_tags import body_for_pool
+from gateway.errors import UnsupportedMediaType, openai_error_body
+from gateway.outcomes import Outcome
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import TenantPolicy
 from gateway.proxy.assemble import StreamAssembler
 from gateway.proxy.balance import UpstreamHealth
+from gateway.proxy.features import Call, Features, Finish, Outbound
 from gateway.proxy.record import Exchange
 from gateway.proxy.rewrite import RewrittenRequest, parse_json_object, rewrite_request
 from gateway.proxy.rollout import choose_pool
 from gateway.proxy.sse import StreamWatch, usage_from_json
 from gateway.proxy.upstream import open_first_reachable, upstream_errors, upstream_headers
-from gateway.shadow.compare import ArmResult, generated_text
-from gateway.shadow.runner import PrimarySlot, ShadowCall, ShadowRunner
+from gateway.routes import Kind, RouteSpec, StreamStyle
 
 STREAM_FAILURES = (aiohttp.ClientError, TimeoutError)
-UserSaltSink = Callable[[str, int, str], None]
-RESPONSES_PATH = "/v1/responses"
-
-
-@dataclass(frozen=True)
-class Outbound:
-    """One prepared upstream request."""
-
-    method: str
-    candidates: list[str]  # upstreams of the pool, best first
-    target: str  # path and query
-    headers: dict[str, str]
-    body: bytes | None
-    prepared: RewrittenRequest | None
 
 
 class Proxy:
     def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, health: UpstreamHealth,
-                 shadow: ShadowRunner | None, remember_user_salt: UserSaltSink) -> None:
+                 features: Features) -> None:
         self.session = session
         self.salt_secret = salt_secret
         self.health = health
-        self.shadow = shadow
-        self.remember_user_salt = remember_user_salt
+        self.features = features
 
     async def forward(
         self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
         scope: Scope, receive: Receive, send: Send,
     ) -> None:
-        outbound = await self._outbound(ex, policies, tenant, route, scope, receive)
-        slot = self._mirror(ex, policies, tenant, route, outbound)
+        finishes: list[Finish] = []
         try:
+            call, outbound = await self._outbound(ex, policies, tenant, route, scope, receive, finishes)
+            finishes += self.features.sent(call, outbound, ex)
             async with DisconnectGuard(receive) as guard:
-                await self._relay(ex, route, outbound, send)
+                await self._relay(ex, call, outbound, send)
             if guard.disconnected:
-                ex.outcome = "client_disconnected"
+                ex.outcome = Outcome.CLIENT_DISCONNECTED
                 ex.status = ex.status or 499
         finally:
-            if slot is not None:
-                slot.set(primary_result(ex))
-
-    def _mirror(
-        self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec, outbound: Outbound
-    ) -> PrimarySlot | None:
-        prepared = outbound.prepared
-        if self.shadow is None or prepared is None or route.kind is not Kind.GENERATE:
-            return None
-        if not self.shadow.sampled(tenant, ex.request_id, ex.pool):
-            return None
-        shadow_id = f"{ex.request_id}-shadow"
-        shadow_pool = policies.gateway.pools.get(tenant.shadow.pool or "")
-        body = prepared.body if shadow_pool is None else stamp_body(
-            prepared.body, shadow_pool, self.salt_secret, tenant.offload)
-        call = ShadowCall(tenant=tenant.tenant, primary_pool=ex.pool, path=route.path, request_id=shadow_id,
-                          headers={**outbound.headers, "x-request-id": shadow_id}, body=body,
-                          streamed=prepared.upstream_stream, deterministic=prepared.deterministic,
-                          affinity=prepared.affinity)
-        slot = self.shadow.mirror(policies, tenant, call)
-        if slot is not None:
-            ex.capture = bytearray()
-        return slot
+            for finish in finishes:
+                finish(ex)
 
     async def _outbound(
         self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
-        scope: Scope, receive: Receive,
-    ) -> Outbound:
+        scope: Scope, receive: Receive, finishes: list[Finish],
+    ) -> tuple[Call, Outbound]:
         body = await self._body(scope, receive, route, policies)
         prepared = self._prepare(body, route, tenant, scope)
         ex.model = prepared.model if prepared is not None else None
         ex.pool = choose_pool(policies, tenant, prepared.user if prepared else None, ex.request_id)
         pool = policies.gateway.pools[ex.pool]
+        call = Call(ex.request_id, policies, tenant, route, ex.pool, pool, prepared)
+        if prepared is not None:
+            finishes += self.features.start(call, prepared.request)
         candidates = self.health.candidates(pool.upstreams, prepared.affinity if prepared else tenant.tenant)
         query = scope.get("query_string", b"")
         target = route.path + (f"?{query.decode('latin-1')}" if query else "")
-        headers = upstream_headers(scope["headers"], ex.pool, pool, ex.request_id)
+        headers = upstream_headers(scope["headers"], policies.pool_auth(ex.pool), ex.request_id)
         if prepared is not None:
-            body = stamp_body(prepared.body, pool, self.salt_secret, tenant.offload)
+            body = body_for_pool(prepared.request, prepared.lmcache, pool) if pool.lmcache else prepared.body
         sent_body = body if scope["method"] == "POST" else None
-        return Outbound(scope["method"], candidates, target, headers, sent_body, prepared)
+        return call, Outbound(scope["method"], candidates, target, headers, sent_body)
 
     async def _body(self, scope: Scope, receive: Receive, route: RouteSpec, policies: PolicySet) -> bytes:
         if scope["method"] != "POST":
@@ -137,13 +103,9 @@ class Proxy:
         user_header = tenant.rollout.user_header
         header_user = header(scope, user_header.lower().encode()) if user_header else None
         user = header_user.decode("latin-1") if header_user else None
-        prepared = rewrite_request(body, route, tenant, self.salt_secret, user)
-        if tenant.cache.isolation == "user" and prepared.user is not None:
-            # The ledger can only attribute per-user salts it was told about.
-            self.remember_user_salt(tenant.tenant, tenant.cache.salt_epoch, prepared.user)
-        return prepared
+        return rewrite_request(body, route, tenant, self.salt_secret, user)
 
-    async def _relay(self, ex: Exchange, route: RouteSpec, outbound: Outbound, send: Send) -> None:
+    async def _relay(self, ex: Exchange, call: Call, outbound: Outbound, send: Send) -> None:
         ex.sent_at = time.perf_counter()
         ex.overhead_s = ex.sent_at - ex.started
         with upstream_errors(ex.pool):
@@ -151,17 +113,17 @@ class Proxy:
                 self.session, self.health, outbound.candidates, outbound.method, outbound.target, outbound.headers,
                 outbound.body)
         try:
-            await self._relay_response(ex, route, outbound, response, send)
+            await self._relay_response(ex, call, response, send)
         except BaseException:
             response.close()
             raise
         response.release()
 
     async def _relay_response(
-        self, ex: Exchange, route: RouteSpec, outbound: Outbound, response: aiohttp.ClientResponse, send: Send
+        self, ex: Exchange, call: Call, response: aiohttp.ClientResponse, send: Send
     ) -> None:
         ex.status = response.status
-        prepared = outbound.prepared
+        route, prepared = call.route, call.prepared
         if response.status != 200 or prepared is None or not prepared.upstream_stream:
             await self._relay_whole(ex, route, response, send)
         elif prepared.assemble:
@@ -206,8 +168,8 @@ class Proxy:
                     ex.capture += chunk
             tail = watch.flush()
         except STREAM_FAILURES as error:
-            ex.outcome = "upstream_failed_mid_stream"
-            tail = stream_error_event(route.path, f"Upstream stream failed: {type(error).__name__}.")
+            ex.outcome = Outcome.UPSTREAM_FAILED_MID_STREAM
+            tail = stream_error_event(route, f"Upstream stream failed: {type(error).__name__}.")
         ex.usage = watch.usage
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
@@ -215,7 +177,7 @@ class Proxy:
         self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send
     ) -> None:
         watch = StreamWatch(strip_usage=False)
-        assembler = StreamAssembler(chat=route.path == "/v1/chat/completions")
+        assembler = StreamAssembler(chat=route.chat)
         with upstream_errors(ex.pool):
             async for chunk in response.content.iter_any():
                 if watch.feed(chunk)[1]:
@@ -231,18 +193,8 @@ class Proxy:
         await send_body(send, status, msgspec.json.encode(body), headers)
 
 
-def primary_result(ex: Exchange) -> ArmResult | None:
-    """The primary arm of a shadow pair, timed from its upstream send like the shadow arm."""
-    if ex.capture is None or ex.sent_at == 0.0 or ex.outcome != "ok":
-        return None
-    ttft = None if ex.ttft_s is None else ex.ttft_s - (ex.sent_at - ex.started)
-    cached = ex.usage.cached_tokens if ex.usage is not None else None
-    duration = time.perf_counter() - ex.sent_at
-    return ArmResult(ex.request_id, ex.status, ttft, duration, cached, generated_text(bytes(ex.capture)))
-
-
-def stream_error_event(path: str, message: str) -> bytes:
+def stream_error_event(route: RouteSpec, message: str) -> bytes:
     error = msgspec.json.encode(openai_error_body(message, "upstream_error", None, 502))
-    if path == RESPONSES_PATH:
+    if route.stream is StreamStyle.RESPONSES:
         return b"event: error\ndata: " + error + b"\n\n"
     return b"data: " + error + b"\n\ndata: [DONE]\n\n"

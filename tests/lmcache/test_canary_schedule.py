@@ -4,6 +4,7 @@ round runs at once) against a real simulator, and stops when the supervisor clos
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +40,7 @@ def test_the_schedule_probes_due_pools_and_ends_with_its_supervisor(
     }
     policy = PolicyDir(tmp_path / "policies", pools)
     policy.add_tenant("root", scopes=("admin",))
-    policies = load_policy_set(policy.write())
+    policies = load_policy_set(policy.write(), os.environ)
 
     async def scenario() -> tuple[float, float, bool]:
         registry = CollectorRegistry()

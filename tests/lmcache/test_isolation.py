@@ -19,7 +19,7 @@ from gateway.connectors.lmcache_tags import SKIP_SAVE_KEY, TAG_KEY, derive_tag
 from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, Stack, sim_process
 from tests.harness import PolicyDir, bearer, expected_salt, new_secret, run_gateway
 from tests.procs import ServerProcess, kvgate_command
-from tests.sim.helpers import words
+from tests.sim.helpers import poll, words
 
 PROMPT_TOKENS = 1024  # four 256-token LMCache chunks (the simulator's tokens are bytes)
 
@@ -41,6 +41,7 @@ def lmcache_policy(root: Path, sim_url: str) -> PolicyDir:
         policy.add_tenant(f"beta-{pool}", rollout={"pool": pool})
     policy.add_tenant("quiet-lm", rollout={"pool": "lm"}, offload={"max_offload_tokens": 0})
     policy.add_tenant("users-lm", rollout={"pool": "lm"}, cache={"isolation": "user"})
+    policy.add_tenant("mirror-plain", rollout={"pool": "plain"}, shadow={"pool": "lm", "sample": 1.0})
     policy.add_tenant("root", scopes=("admin", "metrics"))
     return policy
 
@@ -157,3 +158,12 @@ def test_policy_check_names_what_lmcache_cannot_enforce(stack: Stack) -> None:
     warnings = [line for line in result.stdout.splitlines() if line.startswith("warning:")]
     assert any("quiet-lm.yaml: offload.allowed_media" in line and "DISK" in line for line in warnings), warnings
     assert not any("acme-plain" in line and "max_offload_tokens" in line for line in warnings)
+
+
+def test_a_shadow_copy_to_an_lmcache_pool_carries_the_tag_and_the_primary_does_not(stack: Stack) -> None:
+    _, request_id = cached(stack, "mirror-plain", words(PROMPT_TOKENS))
+    shadow = poll(lambda: [r for r in stack.sim_requests() if r.get("request_id") == f"{request_id}-shadow"],
+                  what="the shadow request at the simulator")
+    tag = derive_tag(stack.secret.encode(), expected_salt(stack.secret, "mirror-plain"))
+    assert shadow[0]["kv_transfer_params"] == {TAG_KEY: tag}
+    assert not stack.sim_request(request_id)["kv_transfer_params"]

@@ -1,9 +1,11 @@
 """Resident memory of an LMCache multi-process server, read from its /metrics page, for `kvgate plan`. Pure.
 
-The server's HTTP API serves prometheus_client's default registry (LMCache's
-`lmcache/v1/internal_api_server/metrics_api.py`, reused by `lmcache/v1/multiprocess/http_apis/metrics_api.py`),
-which on Linux includes the standard process collector, so `process_resident_memory_bytes` is the whole
-process's RSS: tiers, pinned buffers, interpreter and clients together — the figure a memory budget needs.
+LMCache 0.5.6's server exposes /metrics through its OpenTelemetry Prometheus exporter, which starts
+prometheus_client's own HTTP server on `--prometheus-port` (default 9090; `lmcache/v1/mp_observability/
+otel_init.py`); that server serves the default registry, which on Linux includes the standard process
+collector, so `process_resident_memory_bytes` is the whole process's RSS: tiers, pinned buffers, interpreter
+and clients together — the figure a memory budget needs. (LMCache's in-process internal API server's /metrics,
+`lmcache/v1/internal_api_server/common/metrics_api.py`, serves the same default registry.)
 Under prometheus multiprocess mode that collector is absent; then the CPU tier's own gauge
 `lmcache:local_cache_usage` (bytes) is used and marked as a lower bound, never as the process size.
 """

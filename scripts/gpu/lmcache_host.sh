@@ -42,7 +42,7 @@ probe() {  # which of LMCache's needs the image already has
 }
 
 stash() {  # keep whatever LMCache parts this call carried
-  for d in cupy-a cupy-b whl whl-cuda; do
+  for d in cupy-a cupy-b whl whl-cuda whl-mp; do
     [ -d "$STAGE/lmcache/$d" ] && cp -r "$STAGE/lmcache/$d" "$LMC/" && log "stashed $d"
   done
   ls -la "$LMC"/* 2>/dev/null | tail -n +1
@@ -52,6 +52,7 @@ install_lmcache() {
   stash
   local wheels=("$LMC"/whl/*.whl)
   [ -d "$LMC/whl-cuda" ] && wheels+=("$LMC"/whl-cuda/*.whl)
+  [ -d "$LMC/whl-mp" ] && wheels+=("$LMC"/whl-mp/*.whl)
   if ls "$LMC"/cupy-a/*.part-a > /dev/null 2>&1 && ls "$LMC"/cupy-b/*.part-b > /dev/null 2>&1; then
     local name; name=$(basename "$(ls "$LMC"/cupy-b/*.sha256)" .sha256)
     cat "$LMC"/cupy-a/*.part-a "$LMC"/cupy-b/*.part-b > "$LMC/$name"
@@ -159,11 +160,22 @@ client() {  # client PHASE
 mp_phase() {  # LMCache multi-process: an `lmcache server` and vLLM with LMCacheMPConnector on port 8000
   stop lmcache
   lmcache_env
-  start lmcache-server env PYTHONPATH="$KVG/lmc-site:$KVG/vllm-site" "$PY" -m lmcache.v1.multiprocess.server \
-    --cpu-buffer-size "${LMCACHE_CPU_GB:-12}"
-  sleep 5
+  # LMCache 0.5.6's server: ZMQ on 5555 (LMCacheMPConnector's default), first tier in host memory, /metrics from
+  # its OpenTelemetry Prometheus exporter on MP_METRICS_PORT (needs the whl-mp wheels)
+  start lmcache-server env PYTHONPATH="$KVG/lmc-site:$KVG/vllm-site" CUDA_VISIBLE_DEVICES=0 "$PY" \
+    -m lmcache.v1.multiprocess.server --port 5555 --l1-size-gb "${LMCACHE_CPU_GB:-12}" \
+    --prometheus-port "${MP_METRICS_PORT:-9090}"
+  sleep 5  # the server binds before vLLM's connector first connects; vLLM's own start-up takes far longer
   start_lmcache_vllm LMCacheMPConnector
-  if wait_health "$LM/health" "${WAITUP:-300}"; then client mp; else log "MP vLLM did not start"; tail -60 "$KVG/logs/lmcache.log"; fi
+  if wait_health "$LM/health" "${WAITUP:-300}"; then
+    client mp
+    gw -c "import sys,httpx; sys.stdout.write(httpx.get(sys.argv[1], timeout=10).text)" \
+      "http://127.0.0.1:${MP_METRICS_PORT:-9090}/metrics" > "$KVG/report/mp/lmcache_server_own_metrics.txt" 2>&1
+    gw -c "import sys; from gateway.connectors.cache_server import cache_server_memory as m; print(m(open(sys.argv[1]).read()))" \
+      "$KVG/report/mp/lmcache_server_own_metrics.txt" | tee "$KVG/report/mp/cache_server_memory.txt"
+  else
+    log "MP vLLM did not start"; tail -60 "$KVG/logs/lmcache.log"; tail -40 "$KVG/logs/lmcache-server.log"
+  fi
 }
 
 run_all() {

@@ -4,6 +4,8 @@
 #                                  lmcache, numpy, protobuf and the small pure-Python ones (~35 MB)
 #   .stage/lmcache/whl-cuda/       the CUDA 13 Python bindings and the compiled helpers (~22 MB): cuda-python,
 #                                  cuda-bindings, cuda-core, cuda-pathfinder, cryptography, cffi, pycparser, nvtx
+#   .stage/lmcache/whl-mp/         MP=1: scripts/gpu/lmcache-0.5.6-mp-wheels.txt, the OpenTelemetry Prometheus
+#                                  exporter an LMCache server needs for its /metrics (the multi-process phase)
 #   .stage/lmcache/cupy-a/, cupy-b/  cupy-cuda13x 14.2.0 (69.4 MB) cut in two, for two carry calls in a row;
 #                                  cupy-b/ also holds the whole wheel's sha256 for the host to check the join
 # One carry call holds < 64 MiB including the repository tree (~7 MB), so the 126 MB need three calls:
@@ -37,10 +39,11 @@ fetch "$L/whl" -r "$ROOT/scripts/gpu/lmcache-0.5.6-wheels.txt"
 for name in cuda_python cuda_bindings cuda_core cuda_pathfinder cryptography cffi pycparser nvtx; do
   mv "$L"/whl/"$name"-*.whl "$L/whl-cuda/" 2>/dev/null || true
 done
+if [ -n "${MP:-}" ]; then mkdir -p "$L/whl-mp" && fetch "$L/whl-mp" -r "$ROOT/scripts/gpu/lmcache-0.5.6-mp-wheels.txt"; fi
 fetch "$L/dl" cupy-cuda13x==14.2.0
 wheel=$(ls "$L"/dl/cupy_cuda13x-*.whl | head -1); name=$(basename "$wheel")
 head -c "$PART_BYTES" "$wheel" > "$L/cupy-a/$name.part-a"
 tail -c +"$((PART_BYTES + 1))" "$wheel" > "$L/cupy-b/$name.part-b"
 (cd "$L/dl" && sha256sum "$name") > "$L/cupy-b/$name.sha256"
 cat "$L/cupy-a/$name.part-a" "$L/cupy-b/$name.part-b" | cmp - "$wheel"
-for d in whl whl-cuda cupy-a cupy-b; do echo "$d: $(du -cb "$L/$d" | tail -1 | cut -f1) bytes"; done
+for d in whl whl-cuda whl-mp cupy-a cupy-b; do [ -d "$L/$d" ] || continue; echo "$d: $(du -cb "$L/$d" | tail -1 | cut -f1) bytes"; done

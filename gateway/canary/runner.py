@@ -97,6 +97,7 @@ class CanaryRunner:
         model = pool.canary.model or await self._model(upstream, headers)
         probe = Probe(random_prefix(pool.canary.prefix_tokens), model)
         cached_a = await self._complete(upstream, headers, probe.body(IDENTITY_A, self.secret, pool))
+        await asyncio.sleep(pool.canary.settle_s)
         before = await self._external_hits(upstream, headers)
         cached_b = await self._complete(upstream, headers, probe.body(IDENTITY_B, self.secret, pool))
         after = await self._external_hits(upstream, headers)

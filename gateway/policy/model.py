@@ -37,6 +37,9 @@ class CanaryPolicy(Strict):
     interval_s: float | None = Field(default=None, ge=60)
     prefix_tokens: int = Field(default=1024, ge=256, le=32768)
     model: str | None = None  # the model name to send; None asks the pool's /v1/models
+    # Wait between identity A's request and B's, for servers that store asynchronously (an LMCache server):
+    # B must not arrive before A's blocks have landed, or a pass proves nothing.
+    settle_s: float = Field(default=0.0, ge=0, le=30)
 
 
 class PoolConfig(Strict):

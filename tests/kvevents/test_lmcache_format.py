@@ -75,3 +75,11 @@ def test_multi_process_cpu_events_are_chunks_and_a_removal_closes_every_owner() 
     removal = decoder.decode(payload({"type": "BlockRemoved", "block_hashes": [7], "medium": "CPU"})).events[0]
     assert isinstance(removal, BlockRemoved)
     assert removal.medium == "CPU" and len(removal.block_hashes) == 2 and 7 not in removal.block_hashes
+
+
+def test_a_chunk_with_parent_zero_is_placed_by_its_first_block() -> None:
+    tokens = list(range(16))
+    decoder = decoder_for("lmcache")
+    batch = decoder.decode(payload(gpu_chain(100, tokens, "salt-a"), chunk(8, 0, tokens[8:])))
+    event = stored(batch.events)[-1]
+    assert event.extra_keys == [["salt-a"]]  # LMCache skipped the saved first chunk and named parent 0

@@ -98,6 +98,10 @@ class LMCacheDecoder:
         self._owner_of_prefix: _Bounded = _Bounded()  # prefix -> root extra keys of the chain that held it
         self._chunks: _Bounded = _Bounded()  # LMCache chunk hash -> its prefix
         self._owned: _Bounded = _Bounded()  # LMCache chunk hash -> the hashes the ledger was given for it
+        # A GPU block's own tokens -> the prefix before it: finds where an LMCache chunk starts when LMCache gives
+        # it no usable parent (a store that skips already-saved leading chunks names parent 0).
+        self._block_start: _Bounded = _Bounded()
+        self._gpu_block_size = 0
 
     def decode(self, payload: bytes) -> EventBatch:
         try:
@@ -133,9 +137,11 @@ class LMCacheDecoder:
         if state is None:
             return
         prefix, root = state
-        size = event.block_size
+        size = self._gpu_block_size = event.block_size
         for index, block_hash in enumerate(event.block_hashes):
-            prefix = extend(prefix, event.token_ids[index * size : (index + 1) * size])
+            tokens = event.token_ids[index * size : (index + 1) * size]
+            self._block_start.remember(hash(tuple(tokens)), prefix)
+            prefix = extend(prefix, tokens)
             self._gpu.remember(block_hash, (prefix, root))
             self._owner_of_prefix.remember(prefix, root)
 
@@ -143,6 +149,8 @@ class LMCacheDecoder:
         medium = lmcache_medium(event.medium)
         chunk_hash = event.block_hashes[0] if event.block_hashes else 0
         start = (0, 0) if event.parent_block_hash is None else self._chunks.get(event.parent_block_hash)
+        if start is None and event.token_ids and self._gpu_block_size:
+            start = self._block_start.get(hash(tuple(event.token_ids[: self._gpu_block_size])))
         root = None
         if start is not None and event.token_ids:
             prefix = extend(start, event.token_ids)

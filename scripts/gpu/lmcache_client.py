@@ -34,8 +34,10 @@ TENANTS = {"acme": "lm", "beta": "lm", "acme-u": "lm-untagged", "beta-u": "lm-un
 
 def write_policies(directory: Path, lm: str, control: str, events: str | None) -> None:
     pools: dict[str, Any] = {
-        "lm": {"upstreams": [lm], "connector": "lmcache", "kv_events": [events] if events else []},
-        "lm-untagged": {"upstreams": [lm], "connector": "offloading"},
+        # settle_s: in the multi-process phase the LMCache server stores asynchronously
+        "lm": {"upstreams": [lm], "connector": "lmcache", "kv_events": [events] if events else [],
+               "canary": {"settle_s": 1.0}},
+        "lm-untagged": {"upstreams": [lm], "connector": "offloading", "canary": {"settle_s": 1.0}},
         "control": {"upstreams": [control], "connector": "none"},
     }
     (directory / "tenants").mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gateway.connectors.capabilities import connector_warnings
 from gateway.keys import hash_key, new_key, policy_line
 from gateway.policy.loader import PolicyLoadError, load_policy_set, missing_credentials
 
@@ -73,10 +74,8 @@ def _policy_check(args: argparse.Namespace) -> int:
         print(f"warning: pools.{pool}.api_key_env: ${variable} is not set here; `kvgate serve` refuses to start "
               "(and a reload is rejected) until it is", file=sys.stderr)
     print(f"ok: {len(policies.tenants)} tenants, {len(policies.gateway.pools)} pools, version {policies.version}")
-    from gateway.connectors.capabilities import connector_warnings
-
     for line in connector_warnings(policies):
-        print(f"warning: {line}")
+        print(f"warning: {line}", file=sys.stderr)
     return 0
 
 

@@ -141,7 +141,7 @@ start_servers() {
 start_gateway() {
   rm -rf "$KVG/policies" "$KVG"/ledger.sqlite3* && gw "$ROOT/scripts/gpu/lmcache_client.py" policies "$KVG/policies" \
     --lm "$LM" --control "$CTL" --events "tcp://127.0.0.1:$EV_PORT" || exit 51
-  gw -m gateway policy check "$KVG/policies" | tee "$OUT/policy-check.txt"
+  gw -m gateway policy check "$KVG/policies" 2>&1 | tee "$OUT/policy-check.txt"
   local secret; secret=$(gw -c "import secrets; print(secrets.token_hex(32))")
   start gateway env PYTHONPATH="$KVG/gw-site:$ROOT" PYTHONUNBUFFERED=1 KVGATE_SALT_SECRET="$secret" \
     KVGATE_STATE_PATH="$KVG/ledger.sqlite3" "$PY" -m gateway serve --policies "$KVG/policies" --port "$GW_PORT"

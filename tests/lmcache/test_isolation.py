@@ -155,7 +155,7 @@ def test_policy_check_names_what_lmcache_cannot_enforce(stack: Stack) -> None:
     result = subprocess.run(kvgate_command("policy", "check", str(stack.policy.root)), capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
-    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning:")]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert any("quiet-lm.yaml: offload.allowed_media" in line and "DISK" in line for line in warnings), warnings
     assert not any("acme-plain" in line and "max_offload_tokens" in line for line in warnings)
 

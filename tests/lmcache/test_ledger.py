@@ -6,6 +6,9 @@ pool marked `connector: lmcache` decodes them with the lmcache format.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,9 +61,10 @@ def test_lmcache_chunks_are_attributed_per_tenant_and_a_disk_tier_is_a_medium_vi
 ) -> None:
     server, events = sim
     backend = Backend("sqlite", tmp_path / "ledger.sqlite3")
+    root = _policies(tmp_path / "policies", events)
 
     async def scenario() -> None:
-        async with running_ledger(_policies(tmp_path / "policies", events), backend) as ledger:
+        async with running_ledger(root, backend) as ledger:
             for tenant in TENANTS:
                 await asyncio.to_thread(_complete, server, tenant)
             report = await eventually(ledger.audit, _settled)
@@ -72,6 +76,11 @@ def test_lmcache_chunks_are_attributed_per_tenant_and_a_disk_tier_is_a_medium_vi
             assert ledger.sample("kvgate_kv_blocks_resident", tenant="globex", medium="DISK") == 2
 
     asyncio.run(scenario())
+    table = subprocess.run([sys.executable, "-m", "gateway.cli.audit", "audit", "--policies", str(root)],
+                           capture_output=True, text=True, timeout=60, check=False,
+                           env={**os.environ, "KVGATE_STATE_PATH": str(backend.state_path)})
+    assert table.returncode == 0, table.stderr
+    assert "pool lm: unobserved: evictions from in-process LMCache tiers" in table.stdout  # the offline report too
 
 
 def _settled(report: dict[str, Any]) -> bool:

@@ -34,7 +34,10 @@ from gateway.policy.loader import PolicySet
 
 log = get_logger(__name__)
 SCHEDULE_TICK_S = 5.0  # how often the schedule loop looks for a pool whose interval has passed
-PROBE_ERRORS = (aiohttp.ClientError, TimeoutError, GatewayError, msgspec.DecodeError, KeyError, TypeError)
+# Anything an upstream can answer wrongly (unreachable, an error status, a body of another shape) is an `error`
+# outcome, never an exception that would end the schedule loop.
+PROBE_ERRORS = (aiohttp.ClientError, TimeoutError, GatewayError, ValueError, KeyError, TypeError, IndexError,
+                AttributeError)
 
 
 class CanaryRunner:
@@ -89,7 +92,8 @@ class CanaryRunner:
         try:
             return await self._probe(policies, pool_name, upstream)
         except PROBE_ERRORS as error:
-            return Outcome(pool_name, upstream, Result.ERROR, detail=type(error).__name__, at=self.clock())
+            detail = f"{type(error).__name__}: {error}"[:300]
+            return Outcome(pool_name, upstream, Result.ERROR, detail=detail, at=self.clock())
 
     async def _probe(self, policies: PolicySet, pool_name: str, upstream: str) -> Outcome:
         pool = policies.gateway.pools[pool_name]
@@ -114,10 +118,13 @@ class CanaryRunner:
         data = msgspec.json.encode(body)
         async with self.session.post(f"{upstream}/v1/completions", headers=headers, data=data) as response:
             response.raise_for_status()
-            usage = msgspec.json.decode(await response.read()).get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        cached = details.get("cached_tokens") or 0
-        return cached if isinstance(cached, int) else 0
+            reply = msgspec.json.decode(await response.read())
+        details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens")
+        if type(cached) is not int:  # unknown is an error, never read as 0 (and never as a pass)
+            raise ValueError("no usage.prompt_tokens_details.cached_tokens: start vLLM with "
+                             "--enable-prompt-tokens-details")
+        return cached
 
     async def _external_hits(self, upstream: str, headers: dict[str, str]) -> float | None:
         try:

@@ -18,7 +18,7 @@ import pytest
 from gateway.connectors.lmcache_tags import SKIP_SAVE_KEY, TAG_KEY, derive_tag
 from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, Stack, sim_process
 from tests.harness import PolicyDir, bearer, expected_salt, new_secret, run_gateway
-from tests.procs import ServerProcess, kvgate_command
+from tests.procs import ServerProcess, free_port, kvgate_command
 from tests.sim.helpers import poll, words
 
 PROMPT_TOKENS = 1024  # four 256-token LMCache chunks (the simulator's tokens are bytes)
@@ -34,7 +34,8 @@ def lmcache_policy(root: Path, sim_url: str) -> PolicyDir:
     canary = {"prefix_tokens": 256, "model": SIM_MODEL}
     pools = {"lm": {"upstreams": [sim_url], "api_key_env": UPSTREAM_KEY_ENV, "connector": "lmcache",
                     "canary": canary},
-             "plain": {"upstreams": [sim_url], "api_key_env": UPSTREAM_KEY_ENV, "canary": canary}}
+             "plain": {"upstreams": [sim_url], "api_key_env": UPSTREAM_KEY_ENV, "canary": canary},
+             "down": {"upstreams": [f"http://127.0.0.1:{free_port()}"], "connector": "lmcache", "canary": canary}}
     policy = PolicyDir(root, pools)
     for pool in pools:
         policy.add_tenant(f"acme-{pool}", rollout={"pool": pool})
@@ -167,3 +168,15 @@ def test_a_shadow_copy_to_an_lmcache_pool_carries_the_tag_and_the_primary_does_n
     tag = derive_tag(stack.secret.encode(), expected_salt(stack.secret, "mirror-plain"))
     assert shadow[0]["kv_transfer_params"] == {TAG_KEY: tag}
     assert not stack.sim_request(request_id)["kv_transfer_params"]
+
+
+def test_a_canary_that_cannot_reach_its_upstream_is_an_error_not_a_pass(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, headers=bearer(stack.key("root")), timeout=60) as client:
+        (outcome,) = client.post("/admin/canary", params={"pool": "down"}).json()["outcomes"]
+        metrics = client.get("/metrics").text
+        missing = client.post("/admin/canary", params={"pool": "nope"})
+    assert (outcome["result"], outcome["cached_tokens_b"]) == ("error", None)
+    assert "ClientConnector" in outcome["detail"]
+    assert 'kvgate_isolation_canary_total{pool="down",result="error"} 1.0' in metrics
+    assert 'kvgate_isolation_canary_total{pool="down",result="pass"} 0.0' in metrics
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "pool"

@@ -46,10 +46,11 @@ MEDIUM_OF = {name: group for group, names in MEDIUM_GROUPS.items() for name in n
 UNOBSERVED = ("evictions from in-process LMCache tiers (it sends no removal events: such blocks stay resident here)",
               "which LMCache tier holds a chunk (in-process events call every tier cpu)",
               "placements and moves below an LMCache server's first tier (multi-process mode relays CPU only)")
-PRIME = (1 << 61) - 1
-BASE = 1_000_003
 PREFIX_CAPACITY = 200_000  # GPU blocks remembered per source: far more than one server caches
-Prefix = tuple[int, int]  # (rolling hash of the token prefix, its length): the same however it is chunked
+# (chained hash of the token prefix, its length), chained per GPU block: an LMCache chunk (a whole number of GPU
+# blocks) gets the same value by hashing its tokens block by block. Python's hash of a tuple of ints is not
+# salted per process and runs in C; a 64-bit collision could only misname a chunk's owner, never its content.
+Prefix = tuple[int, int]
 
 
 def lmcache_medium(name: str | None) -> str:
@@ -81,10 +82,11 @@ class _Bounded(OrderedDict[Any, Any]):
             self.popitem(last=False)
 
 
-def extend(prefix: Prefix, tokens: list[int]) -> Prefix:
+def extend(prefix: Prefix, tokens: list[int], block: int) -> Prefix:
+    """The prefix after `tokens`, taken `block` tokens at a time (the GPU block size)."""
     value, length = prefix
-    for token in tokens:
-        value = (value * BASE + token + 1) % PRIME
+    for start in range(0, len(tokens), block):
+        value = hash((value, tuple(tokens[start : start + block])))
     return value, length + len(tokens)
 
 
@@ -141,7 +143,7 @@ class LMCacheDecoder:
         for index, block_hash in enumerate(event.block_hashes):
             tokens = event.token_ids[index * size : (index + 1) * size]
             self._block_start.remember(hash(tuple(tokens)), prefix)
-            prefix = extend(prefix, tokens)
+            prefix = extend(prefix, tokens, size)
             self._gpu.remember(block_hash, (prefix, root))
             self._owner_of_prefix.remember(prefix, root)
 
@@ -152,8 +154,8 @@ class LMCacheDecoder:
         if start is None and event.token_ids and self._gpu_block_size:
             start = self._block_start.get(hash(tuple(event.token_ids[: self._gpu_block_size])))
         root = None
-        if start is not None and event.token_ids:
-            prefix = extend(start, event.token_ids)
+        if start is not None and event.token_ids and self._gpu_block_size:
+            prefix = extend(start, event.token_ids, self._gpu_block_size)
             self._chunks.remember(chunk_hash, prefix)
             root = self._owner_of_prefix.get(prefix)
         hashes: list[HashValue] = event.block_hashes if root is None else [owned_hash(root, chunk_hash)]

@@ -18,7 +18,7 @@ from gateway.sim.errors import SimError, bad_request, validation_error
 from gateway.sim.generate import base_request_id, require_json, serve_generation
 from gateway.sim.protocol import Kind, chat_messages, check_model, decode_json, validate_body
 from gateway.sim.recorder import RequestRecord
-from gateway.sim.state import VLLM_VERSION, SimState
+from gateway.sim.state import SimState
 
 Reply = tuple[int, Any]
 """A status and a JSON payload (None: an empty body without content type)."""
@@ -56,7 +56,7 @@ async def empty_ok(state: SimState, request: HttpRequest, record: RequestRecord)
 
 
 async def version(state: SimState, request: HttpRequest, record: RequestRecord) -> Reply:
-    return 200, {"version": VLLM_VERSION}
+    return 200, {"version": state.config.vllm_version}
 
 
 async def load(state: SimState, request: HttpRequest, record: RequestRecord) -> Reply:
@@ -191,6 +191,7 @@ async def sim_state(state: SimState, request: HttpRequest, record: RequestRecord
                 "blocks_in_use": cache.blocks_in_use, "usage": cache.usage},
         "cpu": cpu, "waiting": engine.waiting, "running": engine.running, "in_flight": state.in_flight,
         "sleep_level": state.sleep_level, "reset_prefix_cache_calls": state.reset_calls,
+        "load_failures": engine.load_failures, "load_failure_policy": state.config.load_failure_policy,
         "kv_events": None if state.publisher is None else {
             "batches_total": state.publisher.enqueued, "batches_sent": state.publisher.next_seq,
             "batches_dropped": state.publisher.dropped},

@@ -36,6 +36,7 @@ from gateway.proxy.balance import UpstreamHealth
 from gateway.proxy.forward import Proxy
 from gateway.proxy.record import Exchange, record
 from gateway.proxy.upstream import new_session
+from gateway.reuse.shared import Admission
 from gateway.settings import Settings
 from gateway.shadow.client import ShadowClient
 from gateway.shadow.recorder import ShadowRecorder
@@ -63,6 +64,7 @@ class State:
     tasks: TaskSupervisor
     shadow: ShadowRunner
     ledger: LedgerService
+    admission: Admission
     ready: bool = True
 
 
@@ -120,8 +122,9 @@ class GatewayApp:
         health = UpstreamHealth()
         shadow = self._shadow_runner(health, tasks)
         log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants))
-        proxy = Proxy(session, self.secret, health, shadow, ledger.remember_user_salt)
-        return State(holder, self.metrics, session, proxy, tasks, shadow, ledger)
+        admission = Admission.open(self.secret, self.settings.redis_url, self.settings.admission_sketch_width)
+        proxy = Proxy(session, self.secret, health, shadow, ledger.remember_user_salt, self.metrics, admission)
+        return State(holder, self.metrics, session, proxy, tasks, shadow, ledger, admission)
 
     def _shadow_runner(self, health: UpstreamHealth, tasks: TaskSupervisor) -> ShadowRunner:
         store = open_shadow_store(self.settings.redis_url, self.settings.state_path)
@@ -136,6 +139,7 @@ class GatewayApp:
         await state.ledger.close()
         await state.tasks.close()
         await state.shadow.close()
+        await state.admission.close()
         await state.session.close()
         log.info("gateway_stopped")
 

@@ -42,17 +42,44 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     return parsed
 
 
+@dataclass
+class DraftRequest:
+    """A parsed and rewritten body not yet encoded, so an async step (offload admission) can still change it."""
+
+    request: dict[str, Any]
+    route: RouteSpec
+    tenant: TenantPolicy
+    user: str | None
+
+
 def rewrite_request(
     body: bytes, route: RouteSpec, tenant: TenantPolicy, secret: bytes, header_user: str | None
 ) -> RewrittenRequest:
+    return finish_request(draft_request(body, route, tenant, secret, header_user))
+
+
+def draft_request(
+    body: bytes, route: RouteSpec, tenant: TenantPolicy, secret: bytes, header_user: str | None
+) -> DraftRequest:
     request = parse_json_object(body)
-    kind = route.kind
     user = header_user if header_user is not None else _body_user(request)
     _apply_salt(request, tenant, secret, user)
-    if kind is Kind.GENERATE:
+    if route.kind is Kind.GENERATE:
         _apply_caps(request, tenant.offload)
     elif "kv_transfer_params" in request:
         raise BadRequest("kv_transfer_params is only accepted on generation routes.", param="kv_transfer_params")
+    return DraftRequest(request, route, tenant, user)
+
+
+def refuse_offload(request: dict[str, Any]) -> None:
+    """Store nothing of this request in the offload tier (offload admission said no)."""
+    params = request.get("kv_transfer_params")
+    request["kv_transfer_params"] = {**(params if isinstance(params, dict) else {}), "max_offload_tokens": 0}
+
+
+def finish_request(draft: DraftRequest) -> RewrittenRequest:
+    request, route, tenant = draft.request, draft.route, draft.tenant
+    kind = route.kind
     client_stream = request.get("stream") is True
     # Responses-API streams always end with usage, and vLLM has no stream_options there.
     chunked_api = kind is Kind.GENERATE and route.path in CHUNK_STREAM_PATHS
@@ -65,7 +92,7 @@ def rewrite_request(
         strip_usage=strip_usage,
         assemble=assemble,
         model=request.get("model") if isinstance(request.get("model"), str) else None,
-        user=user,
+        user=draft.user,
         deterministic=_deterministic(request),
         affinity=f"{request.get('cache_salt', tenant.tenant)}:{prompt_prefix(request)}",
     )

@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit(commands)
     _add_demo(commands)
     _add_loadtest(commands)
+    _add_doctor(commands)
     return parser
 
 
@@ -129,6 +130,13 @@ def _add_loadtest(commands: argparse._SubParsersAction[argparse.ArgumentParser])
 
     help_text = "offload A/B protocol through the gateway, with a report"
     loadtest_cli.add_arguments(commands.add_parser("loadtest", help=help_text))
+
+
+def _add_doctor(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.cli import doctor
+
+    help_text = "what each upstream says: version, max_load_tokens, offload tier, kv_load_failure_policy"
+    doctor.add_arguments(commands.add_parser("doctor", help=help_text))
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -80,11 +80,12 @@ def prompt_key(trace_key: bytes, prompt: str | list[int], prefix_chunks: int) ->
     return admission_key(fingerprints(trace_key, head, CHUNK_TOKENS, DEFAULT_CHARS_PER_TOKEN), prefix_chunks)
 
 
-def row_offsets(key: bytes, width: int) -> tuple[int, ...]:
-    """The counter of `key` in each row, as byte offsets into the DEPTH x width table."""
-    value = int.from_bytes(key[:8].ljust(8, b"\0"), "little")
+def row_offsets(key: bytes, width: int) -> tuple[int, int, int, int]:
+    """The counter of `key` in each of the DEPTH rows, as byte offsets into the DEPTH x width table."""
+    value = int.from_bytes(key[:8], "little")
     mask = width - 1
-    return tuple(row * width + ((value >> (ROW_BITS * row)) & mask) for row in range(DEPTH))
+    return (value & mask, width + ((value >> 16) & mask), 2 * width + ((value >> 32) & mask),
+            3 * width + ((value >> 48) & mask))
 
 
 def generation(now: float, window_s: float) -> int:
@@ -114,15 +115,18 @@ class Doorkeeper:
 
     def observe(self, key: bytes, now: float, window_s: float) -> int:
         """Count one sighting of `key`; returns how often it was seen in the window before."""
-        self._roll(now, window_s)
+        if int(now // (window_s / 2)) != self._generation or window_s != self._window_s:
+            self._roll(now, window_s)
         current, previous = self._current, self._previous
-        offsets = row_offsets(key, self.width)
-        sums = [current[offset] + previous[offset] for offset in offsets]
-        seen = min(sums)
-        for offset, total in zip(offsets, sums, strict=True):
-            # Conservative update: only the rows at the minimum rise, which keeps collisions from inflating counts.
-            if total == seen and current[offset] < COUNTER_MAX:
-                current[offset] += 1
+        a, b, c, d = row_offsets(key, self.width)
+        ta, tb, tc, td = (current[a] + previous[a], current[b] + previous[b], current[c] + previous[c],
+                          current[d] + previous[d])
+        seen = min(ta, tb, tc, td)
+        # Conservative update: only the rows at the minimum rise, which keeps collisions from inflating counts.
+        if seen < COUNTER_MAX:
+            for offset, total in ((a, ta), (b, tb), (c, tc), (d, td)):
+                if total == seen and current[offset] < COUNTER_MAX:
+                    current[offset] += 1
         return seen
 
     def _roll(self, now: float, window_s: float) -> None:

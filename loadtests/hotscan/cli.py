@@ -50,6 +50,7 @@ class Scenario:
     max_tokens: int
     arms: dict[str, dict[str, Any]]  # arm -> tenant policy overrides (its `offload` section)
     sim: dict[str, Any] = field(default_factory=dict)  # flags for self-started simulators
+    kv_bytes_per_token: int | None = 147456  # the served model's KV size (default: the Qwen3-8B shape)
 
     @classmethod
     def load(cls, path: Path) -> Scenario:
@@ -58,7 +59,8 @@ class Scenario:
         if set(arms) != set(ARMS):
             raise ValueError(f"{path}: arms must be exactly {list(ARMS)}")
         return cls(str(data["name"]), str(data.get("model", "m")), HotScan(**data.get("workload", {})),
-                   int(data.get("max_tokens", 4)), arms, dict(data.get("sim") or {}))
+                   int(data.get("max_tokens", 4)), arms, dict(data.get("sim") or {}),
+                   data.get("kv_bytes_per_token", 147456))
 
 
 def tenant_name(arm: str) -> str:
@@ -135,7 +137,7 @@ def run_arms(scenario: Scenario, gateway: str, keys: dict[str, str], upstreams: 
             notes.append(f"arm {arm!r} ran on the same server after {ARMS[0]!r} without a restart: its CPU tier "
                          "started full of the other arm's blocks (other salt, never hit; evicted first)")
         got, summary = run_arm(Arm(arm, gateway, keys[arm], upstreams[arm], sim), scenario.workload, scenario.model,
-                               scenario.max_tokens)
+                               scenario.max_tokens, kv_bytes_per_token=scenario.kv_bytes_per_token)
         summary.gateway_counters = gateway_counters(gateway, tenant_name(arm))
         summaries.append(summary)
         answers[arm] = got
@@ -176,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         keys = json.loads(args.access.read_text())
         summaries, answers, notes = run_arms(scenario, args.gateway, keys, dict.fromkeys(ARMS, args.upstream),
                                              False, args.restart_cmd)
-        notes.append("real server: CPU-tier hit share is unknown per request; the cached share of hot returns "
-                     "and the offload byte counters stand for it")
+        notes.append("real server: no per-request record of CPU-loaded tokens; the share comes from "
+                     "vllm:kv_offload_load_bytes_total over kv_bytes_per_token x the hot returns' prompt tokens")
     else:
         with self_started(scenario, out / "stack") as (gateway, keys, upstreams):
             summaries, answers, notes = run_arms(scenario, gateway, keys, upstreams, True, None)

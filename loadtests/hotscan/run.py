@@ -59,8 +59,8 @@ async def _send_all(arm: Arm, model: str, batch: Sequence[Request], max_tokens: 
     return answers
 
 
-def run_arm(arm: Arm, spec: HotScan, model: str, max_tokens: int = 4,
-            sim_record_limit: int = 1000) -> tuple[list[Answer], ArmSummary]:
+def run_arm(arm: Arm, spec: HotScan, model: str, max_tokens: int = 4, sim_record_limit: int = 1000,
+            kv_bytes_per_token: int | None = None) -> tuple[list[Answer], ArmSummary]:
     """Send the whole workload as this arm; returns every answer and the arm's summary."""
     before = counters(arm.upstream)
     batch = requests(spec)
@@ -76,15 +76,16 @@ def run_arm(arm: Arm, spec: HotScan, model: str, max_tokens: int = 4,
         answers += part
     after = counters(arm.upstream)
     delta = {name: after[name] - before[name] for name in OFFLOAD_COUNTERS}
-    return answers, summarise(arm.name, answers, delta)
+    return answers, summarise(arm.name, answers, delta, kv_bytes_per_token)
 
 
 def comparison(all_arm: ArmSummary, returning: ArmSummary) -> dict[str, Any]:
     """What admission changed: hit-share ratio and the hot returns' TTFT p50 reduction (None when unknown)."""
     ratio = None
-    if all_arm.hot_cpu_hit_share is not None and returning.hot_cpu_hit_share is not None:
-        ratio = (returning.hot_cpu_hit_share / all_arm.hot_cpu_hit_share if all_arm.hot_cpu_hit_share > 0
-                 else (float("inf") if returning.hot_cpu_hit_share > 0 else None))
+    share_all, share_returning = _share_of(all_arm), _share_of(returning)
+    if share_all is not None and share_returning is not None:
+        ratio = (share_returning / share_all if share_all > 0
+                 else (float("inf") if share_returning > 0 else None))
     reduction = None
     if all_arm.hot_return_ttft_p50_s and returning.hot_return_ttft_p50_s is not None:
         reduction = 1 - returning.hot_return_ttft_p50_s / all_arm.hot_return_ttft_p50_s
@@ -92,6 +93,13 @@ def comparison(all_arm: ArmSummary, returning: ArmSummary) -> dict[str, Any]:
     store_ret = returning.upstream_delta.get("vllm:kv_offload_store_bytes_total", 0.0)
     return {"hot_cpu_hit_share_ratio": ratio, "hot_return_ttft_p50_reduction": reduction,
             "store_bytes_ratio": (store_ret / store_all) if store_all else None}
+
+
+def _share_of(summary: ArmSummary) -> float | None:
+    """The per-request share when the server records it, else the share from its load-byte counter."""
+    if summary.hot_cpu_hit_share is not None:
+        return summary.hot_cpu_hit_share
+    return summary.hot_cpu_hit_share_from_load_bytes
 
 
 def write_report(out: Path, spec: HotScan, summaries: Sequence[ArmSummary], answers: dict[str, list[Answer]],
@@ -111,14 +119,16 @@ def write_report(out: Path, spec: HotScan, summaries: Sequence[ArmSummary], answ
 
 
 def render_summary(report: dict[str, Any]) -> str:
-    lines = ["| arm | requests | errors | hot returns | hot CPU-tier hit share | hot cached share | "
+    lines = ["| arm | requests | errors | hot returns | hot CPU-tier hit share (records / load bytes) | "
+             "hot cached share | "
              "hot return TTFT p50 | scan TTFT p50 | CPU-tier stored | CPU-tier loaded |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, arm in report["arms"].items():
         delta = arm["upstream_delta"]
         lines.append(
             f"| {name} | {arm['requests']} | {arm['errors']} | {arm['hot_returns']} | "
-            f"{_share(arm['hot_cpu_hit_share'])} | {_share(arm['hot_cached_share'])} | "
+            f"{_share(arm['hot_cpu_hit_share'])} / {_share(arm['hot_cpu_hit_share_from_load_bytes'])} | "
+            f"{_share(arm['hot_cached_share'])} | "
             f"{_ms(arm['hot_return_ttft_p50_s'])} | {_ms(arm['scan_ttft_p50_s'])} | "
             f"{_gb(delta.get('vllm:kv_offload_store_bytes_total'))} | "
             f"{_gb(delta.get('vllm:kv_offload_load_bytes_total'))} |")

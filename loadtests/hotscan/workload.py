@@ -93,6 +93,9 @@ class ArmSummary:
     hot_return_ttft_p50_s: float | None
     scan_ttft_p50_s: float | None
     upstream_delta: dict[str, float] = field(default_factory=dict)
+    # CPU-loaded bytes / (KV bytes per token x hot returns' prompt tokens): the same share seen from the server's
+    # load counter (one-off documents are never in the tier, so every load is a hot return's)
+    hot_cpu_hit_share_from_load_bytes: float | None = None
     gateway_counters: dict[str, float] = field(default_factory=dict)  # admission decisions, miss-path retries
 
     def as_dict(self) -> dict[str, Any]:
@@ -104,7 +107,8 @@ def hot_returns(answers: Sequence[Answer]) -> list[Answer]:
     return [answer for answer in answers if answer.role == "hot" and answer.round > 0]
 
 
-def summarise(name: str, answers: Sequence[Answer], upstream_delta: dict[str, float]) -> ArmSummary:
+def summarise(name: str, answers: Sequence[Answer], upstream_delta: dict[str, float],
+              kv_bytes_per_token: int | None = None) -> ArmSummary:
     returns = hot_returns(answers)
     prompt = sum(answer.prompt_tokens or 0 for answer in returns)
     loaded = [answer.cpu_loaded_tokens for answer in returns]
@@ -112,5 +116,9 @@ def summarise(name: str, answers: Sequence[Answer], upstream_delta: dict[str, fl
     cached_share = sum(answer.cached_tokens or 0 for answer in returns) / prompt if prompt else None
     ttfts = [answer.ttft_s for answer in returns if answer.ttft_s is not None]
     scan_ttfts = [a.ttft_s for a in answers if a.role == "scan" and a.ttft_s is not None]
+    loaded_bytes = upstream_delta.get("vllm:kv_offload_load_bytes_total")
+    from_bytes = (loaded_bytes / (kv_bytes_per_token * prompt)
+                  if kv_bytes_per_token and prompt and loaded_bytes is not None else None)
     return ArmSummary(name, len(answers), sum(1 for a in answers if a.status != 200 or a.error), len(returns),
-                      cpu_share, cached_share, quantile(ttfts, 0.5), quantile(scan_ttfts, 0.5), upstream_delta)
+                      cpu_share, cached_share, quantile(ttfts, 0.5), quantile(scan_ttfts, 0.5), upstream_delta,
+                      from_bytes)

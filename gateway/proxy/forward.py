@@ -219,7 +219,7 @@ class Proxy:
     async def _relay_with_miss_path(
         self, ex: Exchange, route: RouteSpec, outbound: Outbound, plan: MissPlan, send: Send
     ) -> None:
-        failure = await self._attempt(ex, route, outbound, send)
+        failure = await self._attempt(ex, route, outbound, send, first=True)
         if failure is None:
             return
         trail: list[dict[str, str]] = [{"pool": ex.pool, "failure": failure.cause}]
@@ -268,10 +268,13 @@ class Proxy:
         action: Action = action_for(method) if pool_name == plan.first_pool else "else_pool"
         return Outbound(outbound.method, candidates, outbound.target, headers, body, prepared), action
 
-    async def _attempt(self, ex: Exchange, route: RouteSpec, outbound: Outbound, send: Send) -> Failure | None:
+    async def _attempt(
+        self, ex: Exchange, route: RouteSpec, outbound: Outbound, send: Send, first: bool = False
+    ) -> Failure | None:
         """Send once; relay the answer unless it failed before its first byte (then say how)."""
         ex.sent_at = time.perf_counter()
-        ex.overhead_s = ex.sent_at - ex.started
+        if first:  # the gateway's own overhead is measured up to the first send; retries are upstream time
+            ex.overhead_s = ex.sent_at - ex.started
         try:
             with upstream_errors(ex.pool):
                 ex.upstream, response = await open_first_reachable(

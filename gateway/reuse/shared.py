@@ -6,7 +6,9 @@ Shared (`KVGATE_REDIS_URL` set): the same sketch lives in Redis, one string per 
 call, so a request costs one round trip and replicas count each other's requests). Generation numbers come
 from the wall clock, so replicas agree on them without talking; each generation expires after a window. When
 Redis does not answer, the local sketch (which every request also feeds) decides, and
-`kvgate_offload_admission_errors_total` counts it: a Redis outage changes only how far back the count reaches.
+`kvgate_offload_admission_errors_total` counts it; after a failure Redis is left alone for REDIS_BACKOFF_S, so
+a hung Redis costs one request its timeout, not every request. A Redis outage changes only which requests
+count.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from gateway.reuse.fingerprint import tenant_trace_key
 log = get_logger(__name__)
 KEY_PREFIX = "kvgate:admission"
 REDIS_TIMEOUT_S = 0.25
+REDIS_BACKOFF_S = 2.0  # after a failure, the local sketch decides alone this long (no request waits on a dead Redis)
 REDIS_FAILURES = (redis.exceptions.RedisError, OSError, TimeoutError)
 
 # KEYS: current generation, previous generation. ARGV: ttl seconds, then DEPTH byte offsets.
@@ -78,6 +81,7 @@ class Admission:
         self._observe = redis_client.register_script(OBSERVE_LUA) if redis_client is not None else None
         self._keepers: dict[str, Doorkeeper] = {}  # bounded: tenants come only from the policy set
         self._trace_keys: dict[str, bytes] = {}
+        self._redis_retry_at = 0.0  # monotonic time before which Redis is not asked
 
     @classmethod
     def open(cls, secret: bytes, redis_url: str | None, width: int = DEFAULT_WIDTH) -> Admission:
@@ -108,9 +112,12 @@ class Admission:
         local = admit_key(keeper, key, now, rule)
         if self._observe is None or key is None:
             return local, False
+        if time.monotonic() < self._redis_retry_at:
+            return local, True
         try:
             seen = await self._shared_seen(tenant, key, now, rule)
         except REDIS_FAILURES as error:
+            self._redis_retry_at = time.monotonic() + REDIS_BACKOFF_S
             log.warning("admission_store_unavailable", tenant=tenant, error=type(error).__name__)
             return local, True
         return AdmissionResult(decide(seen, rule), seen), False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from gateway.cli.doctor import _failure_policy, _offload_tier
 from tests.gateway.conftest import UPSTREAM_KEY, UPSTREAM_KEY_ENV, sim_process
@@ -26,9 +27,10 @@ def test_captured_025_metrics_do_not_expose_the_failure_policy() -> None:
 def test_doctor_reports_each_upstream(tmp_path: Path) -> None:
     with sim_process(tmp_path, "--offload", "--ignore-max-load-tokens") as old, \
             sim_process(tmp_path, "--vllm-version", "0.32.0") as new:
-        auth = {"api_key_env": UPSTREAM_KEY_ENV}
-        pools = {"offload": {"upstreams": [old.url], **auth}, "control": {"upstreams": [new.url], **auth},
-                 "gone": {"upstreams": [f"http://127.0.0.1:{free_port()}"]}}
+        auth: dict[str, Any] = {"api_key_env": UPSTREAM_KEY_ENV}
+        pools: dict[str, dict[str, Any]] = {
+            "offload": {"upstreams": [old.url], **auth}, "control": {"upstreams": [new.url], **auth},
+            "gone": {"upstreams": [f"http://127.0.0.1:{free_port()}"]}}
         policy = PolicyDir(tmp_path / "policies", pools)
         policy.add_tenant("acme", offload={"admission": "returning", "miss_path": "retry"},
                           rollout={"pool": "offload", "else_pool": "control"})

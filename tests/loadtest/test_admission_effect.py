@@ -13,6 +13,7 @@ sees one, and every failed load is one counted retry.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -26,7 +27,8 @@ RETURNING = {"mode": "returning", "window_s": 3600, "min_seen": 1}
 
 
 def scenario(returning_offload: dict[str, object], sim_args: list[str]) -> Scenario:
-    arms = {"all": {"offload": {"admission": "all"}}, "returning": {"offload": returning_offload}}
+    arms: dict[str, dict[str, Any]] = {"all": {"offload": {"admission": "all"}},
+                                       "returning": {"offload": returning_offload}}
     return Scenario("admission-test", "m", WORKLOAD, 1, arms, {**SIM, "args": sim_args})
 
 

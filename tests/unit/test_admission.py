@@ -131,10 +131,13 @@ def _load_with(tmp_path: Path, tenant: str, offload: dict[str, object], pool: di
 def test_policy_fields_validate(tmp_path: Path) -> None:
     _load_with(tmp_path / "a", "acme", {"admission": "returning", "miss_path": "retry"}, {"recompute": "salt"})
     _load_with(tmp_path / "b", "acme", {"admission": {"mode": "returning", "window_s": 60, "min_seen": 3}})
-    for index, (offload, field) in enumerate([({"admission": "sometimes"}, "admission"),
-                                              ({"admission": {"mode": "returning", "min_seen": 0}}, "min_seen"),
-                                              ({"admission": {"mode": "returning", "window_s": -1}}, "window_s"),
-                                              ({"miss_path": "always"}, "miss_path")]):
+    broken: list[tuple[dict[str, object], str]] = [
+        ({"admission": "sometimes"}, "admission"),
+        ({"admission": {"mode": "returning", "min_seen": 0}}, "min_seen"),
+        ({"admission": {"mode": "returning", "window_s": -1}}, "window_s"),
+        ({"miss_path": "always"}, "miss_path"),
+    ]
+    for index, (offload, field) in enumerate(broken):
         with pytest.raises(PolicyLoadError) as raised:
             _load_with(tmp_path / f"bad{index}", "acme", offload)
         assert any(field in problem and "acme.yaml" in problem for problem in raised.value.problems)

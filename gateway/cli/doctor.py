@@ -25,10 +25,10 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.devtools.tables import table
 from gateway.policy.loader import PolicyLoadError, PolicySet, load_policy_set
 from gateway.policy.model import PoolConfig
 from gateway.proxy.misspath import honours_max_load_tokens
+from gateway.tables import table
 
 TIMEOUT_S = 5.0
 LOG_POLICY = re.compile(r"""kv_load_failure_policy['"]?\s*[=:]\s*['"]?(fail|recompute)""")

@@ -20,18 +20,23 @@ How a recompute is forced depends on the server (the pool's `recompute` field):
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
 import msgspec
 
+from gateway.metrics import GatewayMetrics
 from gateway.policy.model import PoolConfig
+from gateway.proxy.features import Call, Outbound
 from gateway.proxy.sse import CONTENT_EVENT
+from gateway.routes import Kind
+from gateway.salts import derive_salt
 
 RecomputeMethod = Literal["max_load_tokens", "salt"]
 Action = Literal["recompute_max_load_tokens", "recompute_salt", "else_pool"]
+UserSaltSink = Callable[[str, int, str], None]
 HONOURS_MAX_LOAD_FROM = (0, 32, 0)
 VERSION_TIMEOUT_S = 2.0
 MAX_REMEMBERED_UPSTREAMS = 1024
@@ -152,3 +157,48 @@ async def _rest(response: aiohttp.ClientResponse, read: int) -> AsyncIterator[by
         if read > PEEK_LIMIT_BYTES:
             return
         yield chunk
+
+
+class MissPath:
+    """What a retry needs besides the request: how to force a recompute per pool, salts, and the metric."""
+
+    def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, metrics: GatewayMetrics,
+                 remember_user_salt: UserSaltSink) -> None:
+        self.recompute = RecomputeMethods(session)
+        self.salt_secret = salt_secret
+        self.metrics = metrics
+        self.remember_user_salt = remember_user_salt
+
+    @staticmethod
+    def applies(call: Call) -> bool:
+        generation = call.route.kind is Kind.GENERATE and call.prepared is not None
+        return generation and call.tenant.offload.miss_path == "retry"
+
+    @staticmethod
+    def retry_pools(call: Call) -> list[str]:
+        """Recompute on the same pool, then the rollout's other arm when there is one."""
+        else_pool = call.tenant.rollout.else_pool
+        return [call.pool_name] + ([else_pool] if else_pool is not None and else_pool != call.pool_name else [])
+
+    async def retry_outbound(
+        self, call: Call, outbound: Outbound, candidates: list[str], pool_name: str, retry_id: str
+    ) -> tuple[Outbound, Action]:
+        """The retry of `outbound` on `pool_name`: recompute forced as that pool's server allows."""
+        prepared = call.prepared
+        assert prepared is not None and outbound.body is not None
+        pool = call.policies.gateway.pools[pool_name]
+        method = await self.recompute.method(pool, candidates[0])
+        tenant = call.tenant
+        salt = ""
+        if method == "salt":
+            user = one_time_user(call.request_id)
+            salt = derive_salt(self.salt_secret, tenant.tenant, tenant.cache.salt_epoch, user)
+            self.remember_user_salt(tenant.tenant, tenant.cache.salt_epoch, user)  # its blocks stay attributed
+        kept = {name: value for name, value in outbound.headers.items() if name != "authorization"}
+        headers = kept | {"x-request-id": retry_id} | call.policies.pool_auth(pool_name)
+        body = recompute_body(outbound.body, method, salt)
+        action: Action = action_for(method) if pool_name == call.pool_name else "else_pool"
+        return Outbound(outbound.method, candidates, outbound.target, headers, body), action
+
+    def count(self, call: Call, pool: str, action: Action, ok: bool) -> None:
+        self.metrics.miss_path.labels(call.tenant.tenant, pool, action, "ok" if ok else "failed").inc()

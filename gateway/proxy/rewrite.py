@@ -11,17 +11,16 @@ from typing import Any
 import msgspec
 
 from gateway.errors import BadRequest
-from gateway.http.routes import Kind, RouteSpec
 from gateway.policy.model import OffloadPolicy, TenantPolicy
+from gateway.routes import Kind, RouteSpec, StreamStyle
 from gateway.salts import derive_salt
 
 CAP_KEYS = ("max_load_tokens", "max_offload_tokens")
-CHUNK_STREAM_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 @dataclass(frozen=True)
 class RewrittenRequest:
-    body: bytes
+    request: dict[str, Any]  # the rewritten body, open to features (gateway.proxy.features) until encoded
     upstream_stream: bool
     client_stream: bool
     strip_usage: bool  # the gateway asked for usage the client did not want
@@ -30,6 +29,11 @@ class RewrittenRequest:
     user: str | None
     deterministic: bool
     affinity: str  # salt and the start of the prompt: requests sharing both can share cached blocks
+
+    @property
+    def body(self) -> bytes:
+        """The request as JSON; the proxy encodes once, after every feature has had its turn."""
+        return msgspec.json.encode(self.request)
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -42,57 +46,30 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     return parsed
 
 
-@dataclass
-class DraftRequest:
-    """A parsed and rewritten body not yet encoded, so an async step (offload admission) can still change it."""
-
-    request: dict[str, Any]
-    route: RouteSpec
-    tenant: TenantPolicy
-    user: str | None
-
-
 def rewrite_request(
     body: bytes, route: RouteSpec, tenant: TenantPolicy, secret: bytes, header_user: str | None
 ) -> RewrittenRequest:
-    return finish_request(draft_request(body, route, tenant, secret, header_user))
-
-
-def draft_request(
-    body: bytes, route: RouteSpec, tenant: TenantPolicy, secret: bytes, header_user: str | None
-) -> DraftRequest:
     request = parse_json_object(body)
+    kind = route.kind
     user = header_user if header_user is not None else _body_user(request)
     _apply_salt(request, tenant, secret, user)
-    if route.kind is Kind.GENERATE:
+    if kind is Kind.GENERATE:
         _apply_caps(request, tenant.offload)
     elif "kv_transfer_params" in request:
         raise BadRequest("kv_transfer_params is only accepted on generation routes.", param="kv_transfer_params")
-    return DraftRequest(request, route, tenant, user)
-
-
-def refuse_offload(request: dict[str, Any]) -> None:
-    """Store nothing of this request in the offload tier (offload admission said no)."""
-    params = request.get("kv_transfer_params")
-    request["kv_transfer_params"] = {**(params if isinstance(params, dict) else {}), "max_offload_tokens": 0}
-
-
-def finish_request(draft: DraftRequest) -> RewrittenRequest:
-    request, route, tenant = draft.request, draft.route, draft.tenant
-    kind = route.kind
     client_stream = request.get("stream") is True
     # Responses-API streams always end with usage, and vLLM has no stream_options there.
-    chunked_api = kind is Kind.GENERATE and route.path in CHUNK_STREAM_PATHS
+    chunked_api = kind is Kind.GENERATE and route.stream is StreamStyle.CHUNKS
     assemble = chunked_api and tenant.measure_ttft and not client_stream
     strip_usage = chunked_api and (client_stream or assemble) and _request_usage(request)
     return RewrittenRequest(
-        body=msgspec.json.encode(request),
+        request=request,
         upstream_stream=client_stream or assemble,
         client_stream=client_stream,
         strip_usage=strip_usage,
         assemble=assemble,
         model=request.get("model") if isinstance(request.get("model"), str) else None,
-        user=draft.user,
+        user=user,
         deterministic=_deterministic(request),
         affinity=f"{request.get('cache_salt', tenant.tenant)}:{prompt_prefix(request)}",
     )

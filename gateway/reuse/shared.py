@@ -1,7 +1,8 @@
 """Admission on the request path: the per-tenant doorkeepers of one gateway process, local or shared in Redis.
 
 Local (no `KVGATE_REDIS_URL`): one `Doorkeeper` per tenant whose policy says `returning`, in this process.
-Shared (`KVGATE_REDIS_URL` set): the same sketch lives in Redis, one string per tenant and generation
+Shared (`KVGATE_REDIS_URL` set, through the process's one Redis pool, gateway.storage): the same sketch lives in
+Redis, one string per tenant and generation
 (`kvgate:admission:<tenant>:<window>:<generation>`, 8-bit counters read and raised by BITFIELD inside one Lua
 call, so a request costs one round trip and replicas count each other's requests). Generation numbers come
 from the wall clock, so replicas agree on them without talking; each generation expires after a window. When
@@ -13,6 +14,7 @@ count.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import redis.asyncio as aioredis
@@ -32,6 +34,7 @@ from gateway.reuse.admission import (
     row_offsets,
 )
 from gateway.reuse.fingerprint import tenant_trace_key
+from gateway.storage import Storage
 
 log = get_logger(__name__)
 KEY_PREFIX = "kvgate:admission"
@@ -84,16 +87,9 @@ class Admission:
         self._redis_retry_at = 0.0  # monotonic time before which Redis is not asked
 
     @classmethod
-    def open(cls, secret: bytes, redis_url: str | None, width: int = DEFAULT_WIDTH) -> Admission:
-        client = None
-        if redis_url:
-            client = aioredis.Redis.from_url(redis_url, socket_timeout=REDIS_TIMEOUT_S,
-                                             socket_connect_timeout=REDIS_TIMEOUT_S)
-        return cls(secret, client, width)
-
-    async def close(self) -> None:
-        if self.redis_client is not None:
-            await self.redis_client.aclose()
+    def on(cls, storage: Storage, secret: bytes, width: int = DEFAULT_WIDTH) -> Admission:
+        """Shared through the process's Redis pool when storage is Redis; local sketches only otherwise."""
+        return cls(secret, storage.redis, width)
 
     def key_for(self, tenant: str, prompt: str | list[int] | None, prefix_chunks: int) -> bytes | None:
         if prompt is None:
@@ -127,8 +123,9 @@ class Admission:
         number = generation(now, rule.window_s)
         base = f"{KEY_PREFIX}:{tenant}:{rule.window_s:g}"
         ttl = max(1, int(rule.window_s) + 1)
-        seen = await self._observe(keys=[f"{base}:{number}", f"{base}:{number - 1}"],
-                                   args=[ttl, *row_offsets(key, self.width)])
+        async with asyncio.timeout(REDIS_TIMEOUT_S):  # the pool's own timeout is longer than a request should wait
+            seen = await self._observe(keys=[f"{base}:{number}", f"{base}:{number - 1}"],
+                                       args=[ttl, *row_offsets(key, self.width)])
         return int(seen)
 
     def memory_bytes(self) -> int:

@@ -29,13 +29,13 @@ from typing import Any
 import httpx
 import yaml
 
+from gateway.devtools.loadtest.promtext import accumulating_samples
+from gateway.devtools.loadtest.stack import OwnedServer
+from gateway.devtools.loadtest.targets import wait_healthy
 from gateway.devtools.localproc import free_port, kvgate_command
 from gateway.keys import hash_key, new_key
 from loadtests.hotscan.run import Arm, render_summary, run_arm, write_report
 from loadtests.hotscan.workload import Answer, ArmSummary, HotScan
-from loadtests.scenario.promtext import accumulating_samples
-from loadtests.scenario.stack import OwnedServer
-from loadtests.scenario.targets import wait_healthy
 
 ARMS = ("all", "returning")
 UPSTREAM_KEY_ENV = "KVGATE_HOTSCAN_UPSTREAM_KEY"

@@ -17,9 +17,9 @@ from typing import Any
 
 import httpx
 
+from gateway.devtools.loadtest.client import Ask, stream_completion
+from gateway.devtools.loadtest.promtext import accumulating_samples, pick
 from loadtests.hotscan.workload import Answer, ArmSummary, HotScan, Request, requests, summarise
-from loadtests.scenario.client import Ask, stream_completion
-from loadtests.scenario.promtext import accumulating_samples, pick
 
 OFFLOAD_COUNTERS = ("vllm:kv_offload_store_bytes_total", "vllm:kv_offload_load_bytes_total",
                     "vllm:external_prefix_cache_hits_total", "vllm:prompt_tokens_total")

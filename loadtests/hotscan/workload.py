@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gateway.devtools.loadtest.prompts import token_prompt
 from gateway.shadow.stats import quantile
-from loadtests.scenario.prompts import token_prompt
 
 Role = Literal["hot", "scan"]
 

@@ -21,13 +21,13 @@ from typing import Any
 
 import httpx
 
-from loadtests.scenario.client import Ask, Outcome, stream_completion
-from loadtests.scenario.model import ARMS, REPEATED_PHASES, Scenario
-from loadtests.scenario.observe import Observer
-from loadtests.scenario.progress import Progress
-from loadtests.scenario.prompts import PromptBook
-from loadtests.scenario.promtext import Samples, add_into, delta
-from loadtests.scenario.targets import Targets, wait_healthy
+from gateway.devtools.loadtest.client import Ask, Outcome, stream_completion
+from gateway.devtools.loadtest.model import ARMS, REPEATED_PHASES, Scenario
+from gateway.devtools.loadtest.observe import Observer
+from gateway.devtools.loadtest.progress import Progress
+from gateway.devtools.loadtest.prompts import PromptBook
+from gateway.devtools.loadtest.promtext import Samples, add_into, delta
+from gateway.devtools.loadtest.targets import Targets, wait_healthy
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Step:
 
 @dataclass
 class RawRun:
-    """Everything measured, JSON-ready; `loadtests.scenario.summary` turns it into the report."""
+    """Everything measured, JSON-ready; `gateway.devtools.loadtest.summary` turns it into the report."""
 
     scenario: dict[str, Any]
     environment: dict[str, Any]

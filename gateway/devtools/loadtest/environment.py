@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import gateway
-from loadtests.scenario.model import ARMS, Scenario
-from loadtests.scenario.observe import Observer
-from loadtests.scenario.targets import Targets
+from gateway.devtools.loadtest.model import ARMS, Scenario
+from gateway.devtools.loadtest.observe import Observer
+from gateway.devtools.loadtest.targets import Targets
 
 REPO = Path(__file__).resolve().parents[2]
 

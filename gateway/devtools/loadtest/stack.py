@@ -13,10 +13,10 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway.devtools.loadtest.model import ARMS, Scenario
+from gateway.devtools.loadtest.policies import write_policy_dir
+from gateway.devtools.loadtest.targets import Targets, Upstream
 from gateway.devtools.localproc import ServerProcess, free_port, free_port_pair, kvgate_command, wait_until_ready
-from loadtests.scenario.model import ARMS, Scenario
-from loadtests.scenario.policies import write_policy_dir
-from loadtests.scenario.targets import Targets, Upstream
 
 UPSTREAM_KEY_ENV = {"offload": "KVGATE_LOADTEST_OFFLOAD_KEY", "control": "KVGATE_LOADTEST_CONTROL_KEY"}
 READY_TIMEOUT_S = 60.0

@@ -9,9 +9,9 @@ from typing import Any
 
 import httpx
 
-from loadtests.scenario.procmem import mem_available_bytes, tree_rss_bytes
-from loadtests.scenario.promtext import KEY_FAMILIES, Samples, accumulating_samples, info_labels
-from loadtests.scenario.targets import Targets
+from gateway.devtools.loadtest.procmem import mem_available_bytes, tree_rss_bytes
+from gateway.devtools.loadtest.promtext import KEY_FAMILIES, Samples, accumulating_samples, info_labels
+from gateway.devtools.loadtest.targets import Targets
 
 SETTLE_INTERVAL_S = 0.02
 SETTLE_LIMIT_S = 3.0

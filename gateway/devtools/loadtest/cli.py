@@ -1,4 +1,4 @@
-"""`kvgate loadtest` (also `python -m loadtests.scenario`): pick the targets, run the protocol, write the report."""
+"""`kvgate loadtest` (also `python -m gateway.devtools.loadtest`): pick the targets, run the protocol, report."""
 
 from __future__ import annotations
 
@@ -14,20 +14,26 @@ from typing import Any
 
 import httpx
 
-from gateway.cli.loadtest import add_arguments
-from loadtests.scenario.environment import describe
-from loadtests.scenario.markdown import render_markdown
-from loadtests.scenario.model import ARMS, Scenario, ScenarioError, load_scenario
-from loadtests.scenario.observe import Observer
-from loadtests.scenario.plots import draw_all
-from loadtests.scenario.policies import write_policy_dir
-from loadtests.scenario.progress import Progress
-from loadtests.scenario.runner import ProtocolRunner, RawRun
-from loadtests.scenario.stack import self_started_stack
-from loadtests.scenario.summary import build_report
-from loadtests.scenario.targets import Access, CommandRestart, FixedPid, PidFile, Targets, Upstream
+from gateway.devtools.loadtest.args import add_arguments
+from gateway.devtools.loadtest.environment import describe
+from gateway.devtools.loadtest.markdown import render_markdown
+from gateway.devtools.loadtest.model import ARMS, Scenario, ScenarioError, load_scenario
+from gateway.devtools.loadtest.observe import Observer
+from gateway.devtools.loadtest.plots import draw_all
+from gateway.devtools.loadtest.policies import write_policy_dir
+from gateway.devtools.loadtest.progress import Progress
+from gateway.devtools.loadtest.runner import ProtocolRunner, RawRun
+from gateway.devtools.loadtest.stack import self_started_stack
+from gateway.devtools.loadtest.summary import build_report
+from gateway.devtools.loadtest.targets import Access, CommandRestart, FixedPid, PidFile, Targets, Upstream
 
-REPORTS = Path(__file__).resolve().parents[1] / "reports"
+DEFAULT_SCENARIO = Path(__file__).resolve().parent / "scenarios" / "default.yaml"
+
+
+def reports_folder() -> Path:
+    """loadtests/reports in a source checkout (the working directory), else a folder of its own."""
+    checkout = Path("loadtests") / "reports"
+    return checkout if checkout.is_dir() else Path("kvgate-loadtest-reports")
 
 
 class UsageError(Exception):
@@ -116,16 +122,14 @@ def write_policies(args: argparse.Namespace, scenario: Scenario) -> int:
 
 
 def default_out(scenario: Scenario) -> Path:
-    return REPORTS / f"{scenario.name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
+    return reports_folder() / f"{scenario.name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         if args.render is not None:
             return render_existing(args.render)
-        if args.scenario is None:
-            raise UsageError("a scenario file is required")
-        scenario = load_scenario(args.scenario)
+        scenario = load_scenario(args.scenario or DEFAULT_SCENARIO)
         if args.write_policies is not None:
             return write_policies(args, scenario)
         out = args.out or default_out(scenario)
@@ -143,6 +147,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtests.scenario")
+    parser = argparse.ArgumentParser(prog="python -m gateway.devtools.loadtest")
     add_arguments(parser)
     return run(parser.parse_args())

@@ -28,7 +28,11 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Histogram
 
+from gateway.outcomes import Outcome
+from gateway.proxy.features import RequestFeature
+from gateway.proxy.record import Exchange
 from gateway.proxy.sse import Usage
+from gateway.routes import ROUTES
 
 PROVIDER_NAME = "vllm"  # no well-known value exists for vLLM; the conventions allow a custom one
 OTHER = "_OTHER"
@@ -38,14 +42,6 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 TIME_PER_OUTPUT_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 REQUEST_DURATION_BUCKETS = tuple(0.01 * 2**step for step in range(14))  # 0.01, 0.02, ... 81.92
 TOKEN_USAGE_BUCKETS = tuple(float(4**step) for step in range(14))  # 1, 4, 16, ... 67108864
-
-# The forwarded routes that are GenAI operations, and the conventions' well-known operation names.
-OPERATIONS = {
-    "/v1/chat/completions": "chat",
-    "/v1/responses": "chat",
-    "/v1/completions": "text_completion",
-    "/v1/embeddings": "embeddings",
-}
 
 BASE_LABELS = ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model")
 
@@ -99,10 +95,11 @@ class OtelGenAIMetrics:
             [*BASE_LABELS, "gen_ai_token_type"], buckets=TOKEN_USAGE_BUCKETS, registry=registry)
 
     def record(self, exchange: GenAIExchange) -> None:
-        operation = OPERATIONS.get(exchange.route)
+        spec = ROUTES.get(exchange.route)
+        operation = spec.genai_operation if spec is not None else None
         if operation is None:
             return  # not a GenAI operation: /v1/models, /tokenize, admin, health, metrics, unmatched paths
-        failed = exchange.status >= 400 or exchange.outcome != "ok"
+        failed = exchange.status >= 400 or exchange.outcome != Outcome.OK
         base = (operation, self.provider_name, self._model_label(exchange.model, accepted=exchange.status < 400))
         self.request_duration.labels(*base, _error_type(exchange) if failed else "").observe(exchange.duration_s)
         if failed:
@@ -133,4 +130,16 @@ def _error_type(exchange: GenAIExchange) -> str:
     """The HTTP status when there is an error status; else the gateway's outcome name (e.g. a stream that broke)."""
     if exchange.status >= 400:
         return str(exchange.status)
-    return exchange.outcome if exchange.outcome != "ok" else OTHER
+    return exchange.outcome if exchange.outcome != Outcome.OK else OTHER
+
+
+class OtelFeature(RequestFeature):
+    """GenAI metrics for every finished request, refused ones included."""
+
+    name = "otel-genai"
+
+    def __init__(self, metrics: OtelGenAIMetrics) -> None:
+        self.metrics = metrics
+
+    def finished(self, ex: Exchange) -> None:
+        self.metrics.record(ex)

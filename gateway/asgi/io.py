@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from starlette.types import Message as Message
+from starlette.types import Receive as Receive
+from starlette.types import Scope as Scope
+from starlette.types import Send as Send
 
 from gateway.errors import GatewayError, PayloadTooLarge, error_bytes
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 JSON_TYPE = b"application/json"
 
 

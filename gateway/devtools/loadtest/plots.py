@@ -8,7 +8,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from loadtests.scenario.model import ARMS, PHASE_ORDER
+from gateway.devtools.loadtest.model import ARMS, PHASE_ORDER
 
 ARM_COLORS = {"offload": "#1b7837", "control": "#762a83"}
 TENANT_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from loadtests.scenario.model import ARMS
-from loadtests.scenario.verdict import fmt_bytes
+from gateway.devtools.loadtest.model import ARMS
+from gateway.devtools.loadtest.verdict import fmt_bytes
 
 OFFLOAD_FAMILIES = (
     ("load", "vllm:kv_offload_load_bytes_total"),

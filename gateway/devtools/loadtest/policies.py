@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
+from gateway.devtools.loadtest.model import Scenario
+from gateway.devtools.loadtest.targets import Access, TenantAccess
 from gateway.keys import hash_key, new_key
 from gateway.proxy.rollout import draw_percent
-from loadtests.scenario.model import Scenario
-from loadtests.scenario.targets import Access, TenantAccess
 
 USER_CANDIDATES = 10_000
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from loadtests.scenario.model import ARMS, PHASE_ORDER
-from loadtests.scenario.promtext import pick
-from loadtests.scenario.runner import RawRun
-from loadtests.scenario.stats import mean, median_ci, median_difference_ci, quantile
-from loadtests.scenario.verdict import verdicts
+from gateway.devtools.loadtest.model import ARMS, PHASE_ORDER
+from gateway.devtools.loadtest.promtext import pick
+from gateway.devtools.loadtest.runner import RawRun
+from gateway.devtools.loadtest.stats import mean, median_ci, median_difference_ci, quantile
+from gateway.devtools.loadtest.verdict import verdicts
 
 SCHEMA = "kvgate-loadtest/1"
 Row = dict[str, Any]

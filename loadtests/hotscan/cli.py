@@ -8,8 +8,10 @@
         --upstream http://127.0.0.1:8000 [--restart-cmd "bash scripts/gpu/vllm_server.sh restart offload"]
 
 Against one real server the arms run one after the other; `--restart-cmd` (run before each arm after the first,
-then /health is awaited) gives each arm an empty CPU tier. Without it the second arm starts with the first
-arm's blocks in the tier (another salt, so never hit; the report says so).
+then /health is awaited: a restart, or an in-place reset of the GPU cache and CPU tier) gives each arm empty
+caches. Without it the second arm starts with the first arm's blocks in the tier (another salt, so never hit;
+the report says so). A `server:` block in the scenario (read on the GPU host by scripts/gpu/runplan.py) is
+ignored here.
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def run_arms(scenario: Scenario, gateway: str, keys: dict[str, str], upstreams: 
         if index and restart_cmd:
             subprocess.run(shlex.split(restart_cmd), check=True)
             wait_healthy(upstreams[arm], RESTART_TIMEOUT_S)
-            notes.append(f"upstream restarted before arm {arm!r} (empty CPU tier)")
+            notes.append(f"--restart-cmd ran before arm {arm!r} (caches emptied), then /health answered")
         elif index and upstreams[arm] == upstreams[ARMS[0]]:
             notes.append(f"arm {arm!r} ran on the same server after {ARMS[0]!r} without a restart: its CPU tier "
                          "started full of the other arm's blocks (other salt, never hit; evicted first)")

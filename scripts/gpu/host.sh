@@ -4,8 +4,6 @@
 #   bash scripts/gpu/host.sh part1   # carry .stage/p1: unpack vLLM part 1 and the model dir into $KVG
 #   bash scripts/gpu/host.sh run     # carry .stage/p2: unpack part 2, install wheels, start both vLLM
 #                                    # servers and kvgate, run the scenario, write $OUT/results.tar.gz
-#   bash scripts/gpu/host.sh admission  # instead of `run`: the offload server only, kvgate, and the admission
-#                                    # A/B (loadtests/scenarios/admission-h200.yaml via loadtests.hotscan)
 # Env: KVG (scratch outside the repo, default /tmp/kvg), STAGE (default .stage), OUT (default $KVG/out),
 #      SCENARIO (default loadtests/scenarios/h200-offload-ab.yaml), FAKE_VLLM=1 (CPU dry run on kvgate sim),
 #      PY (python, default python3), SKIP_INSTALL=1 (dry run: use PY's own packages).
@@ -113,35 +111,8 @@ collect() {
   ls -la "$OUT"; log "collected"
 }
 
-run_admission() {  # admission off vs on, hot set + one-off documents, through kvgate (loadtests/hotscan/)
-  install_all
-  local SRV="bash $KVG/src/scripts/gpu/vllm_server.sh" ADM=${ADM_SCENARIO:-loadtests/scenarios/admission-h200.yaml}
-  $SRV start offload
-  cd "$KVG/src" || exit 25
-  gw -m loadtests.hotscan "$ADM" --write-policies "$KVG/adm-policies" --upstream http://127.0.0.1:8000 || exit 26
-  KVGATE_SALT_SECRET=$(gw -c "import secrets; print(secrets.token_hex(32))") KVGATE_STATE_PATH=$KVG/adm.sqlite3 \
-    KVGATE_LOG_FORMAT=json setsid bash -c "PYTHONPATH=$KVG/gw-site:$KVG/src PYTHONUNBUFFERED=1 exec $PY -m gateway serve \
-      --policies $KVG/adm-policies --port 8080" >> "$KVG/logs/gateway.log" 2>&1 < /dev/null &
-  echo $! > "$KVG/gateway.pid"
-  wait_health http://127.0.0.1:8080/livez 60 || { log "gateway did not start"; tail -30 "$KVG/logs/gateway.log"; }
-  if wait_health http://127.0.0.1:8000/health "${WAITUP:-300}"; then
-    log "vLLM offload server up"
-    (timeout "${SCENARIO_T:-540}" env PYTHONPATH="$KVG/gw-site:$KVG/src" PYTHONUNBUFFERED=1 \
-      "$PY" -m loadtests.hotscan "$ADM" --out "$KVG/report" --gateway http://127.0.0.1:8080 \
-      --access "$KVG/adm-policies/keys.json" --upstream http://127.0.0.1:8000 \
-      --restart-cmd "$SRV restart offload" 2>&1 | tee "$KVG/logs/loadtest.log")
-    log "admission scenario finished"
-  else
-    log "vLLM offload server did not come up"; tail -60 "$KVG/logs/offload.log"
-  fi
-  mkdir -p "$KVG/policies" && cp "$KVG/adm-policies/gateway.yaml" "$KVG/policies/gateway.yaml" 2>/dev/null
-  cp "$KVG/report/summary.md" "$OUT/" 2>/dev/null
-  collect
-}
-
 case $ACTION in
   part1) part1 ;;
   run) run_all ;;
-  admission) run_admission ;;
   *) echo "unknown action $ACTION" >&2; exit 2 ;;
 esac

@@ -4,11 +4,12 @@ Per pool and upstream: the vLLM version (`GET /version`) and so whether `max_loa
 path's recompute method), whether the server runs a CPU offload tier (the `vllm:kv_offload_*` families, the
 `kv_offloading_*` labels of `vllm:cache_config_info`), and its `kv_load_failure_policy`.
 
-vLLM 0.25.0 does not expose `kv_load_failure_policy` over HTTP: `vllm:cache_config_info` carries the cache
-config only, and no other family of its `/metrics` carries the transfer config (checked against the captured
-metric families in tests/fixtures/vllm-0.25.0/metrics/). The server prints it once at start-up, inside the
-`kv_transfer_config` of its engine config line; `--server-log POOL=PATH` reads it from there. When neither says,
-the report says `unknown`, never a default.
+Where `kv_load_failure_policy` can be read, in this order: a label of any `/metrics` sample (vLLM's Prometheus
+logger exports the cache config only, as `vllm:cache_config_info`, and no family of the captured 0.25.0
+`/metrics` carries the transfer config: tests/fixtures/vllm-0.25.0/metrics/); `GET /server_info?config_format=json`,
+which vLLM serves only with VLLM_SERVER_DEV_MODE=1 and which dumps the engine config, transfer config included;
+the server's start-up log, whose engine config line carries it (`--server-log POOL=PATH`). When none says, the
+report says `unknown`, never a default.
 """
 
 from __future__ import annotations
@@ -86,13 +87,14 @@ def examine(client: httpx.Client, name: str, pool: PoolConfig, upstream: str, lo
     headers = _auth(pool)
     version = _version(client, upstream, headers)
     metrics = _get(client, f"{upstream}/metrics", headers)
+    server_info = _get(client, f"{upstream}/server_info?config_format=json", headers)
     reachable = version is not None or metrics is not None
     honours = None if version is None else honours_max_load_tokens(version)
     report = UpstreamReport(
         pool=name, upstream=upstream, reachable=reachable, version=version,
         max_load_tokens="unknown" if honours is None else ("honoured" if honours else "ignored"),
         miss_path_recompute=_recompute(pool, honours), offload_tier=_offload_tier(metrics),
-        kv_load_failure_policy=_failure_policy(metrics, log), advice=[])
+        kv_load_failure_policy=_failure_policy(metrics, log, server_info), advice=[])
     report.advice = _advice(report)
     return report
 
@@ -141,12 +143,18 @@ def _offload_tier(metrics: str | None) -> str:
     return "no"
 
 
-def _failure_policy(metrics: str | None, log: Path | None) -> str:
+def _failure_policy(metrics: str | None, log: Path | None, server_info: str | None = None) -> str:
     if metrics is not None:
         for family in text_string_to_metric_families(metrics):
             for sample in family.samples:
                 if "kv_load_failure_policy" in sample.labels:
                     return f"{sample.labels['kv_load_failure_policy']} (/metrics {family.name})"
+    if server_info is not None:
+        found = LOG_POLICY.search(server_info)
+        if found:
+            return f"{found.group(1)} (/server_info, dev mode)"
+        if '"kv_transfer_config":null' in server_info.replace(" ", ""):
+            return "none (/server_info: no KV connector)"
     if log is not None:
         try:
             match = LOG_POLICY.search(log.read_text(errors="replace"))
@@ -155,7 +163,7 @@ def _failure_policy(metrics: str | None, log: Path | None) -> str:
         if match:
             return f"{match.group(1)} (server log)"
         return "unknown (not in the server log)"
-    return "unknown (not exposed over HTTP; pass --server-log)"
+    return "unknown (not in /metrics; /server_info needs VLLM_SERVER_DEV_MODE=1; or pass --server-log)"
 
 
 def _advice(report: UpstreamReport) -> list[str]:

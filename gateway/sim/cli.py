@@ -42,6 +42,8 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--record-limit", type=int, default=SimConfig.record_limit,
                        help="requests kept for GET /sim/requests (default %(default)s)")
     group.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
+    group.add_argument("--server-dev-mode", action="store_true",
+                       help="serve GET /server_info as vLLM does with VLLM_SERVER_DEV_MODE=1 (config as JSON)")
     group.add_argument("--corrupt-output", action="store_true",
                        help="deliberately wrong arm: deterministic requests get different text")
 

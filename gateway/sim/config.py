@@ -36,6 +36,7 @@ class SimConfig:
     ignore_max_load_tokens: bool = False  # as vLLM 0.25.0's offloading scheduler, which never reads it
     fail_loads: float = 0.0  # share of CPU-tier loads that fail (seeded by --seed)
     load_failure_policy: str = "fail"  # vLLM's kv_load_failure_policy: fail | recompute
+    server_dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: GET /server_info shows the engine config
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
     kv_events_topic: str = ""

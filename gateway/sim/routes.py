@@ -198,6 +198,23 @@ async def sim_state(state: SimState, request: HttpRequest, record: RequestRecord
     }
 
 
+async def server_info(state: SimState, request: HttpRequest, record: RequestRecord) -> Reply:
+    """vLLM's dev-mode `GET /server_info` (VLLM_SERVER_DEV_MODE=1), reduced to the parts a gateway reads; the
+    real one dumps the whole engine config. Without dev mode the route does not exist (404)."""
+    config = state.config
+    if not config.server_dev_mode:
+        raise SimError(404, "Not Found", "Not Found")
+    transfer = None
+    if config.offload:
+        transfer = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                    "kv_load_failure_policy": config.load_failure_policy,
+                    "kv_connector_extra_config": {"block_size": config.offload_block_size,
+                                                  "cpu_bytes_to_use": config.cpu_bytes_to_use}}
+    return 200, {"vllm_config": {"model_config": {"served_model_name": config.model},
+                                 "cache_config": {"block_size": config.block_size},
+                                 "kv_transfer_config": transfer}}
+
+
 async def kv_event_sources(state: SimState, request: HttpRequest, record: RequestRecord) -> Reply:
     """vLLM's `{"<dp_rank>": KVEventsConfig}`; a server without events reports them disabled."""
     if state.publisher is None:
@@ -245,6 +262,7 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/is_sleeping": {"GET": simple(is_sleeping)},
     "/collective_rpc": {"POST": simple(collective_rpc)},
     "/kv_event_sources": {"GET": simple(kv_event_sources)},
+    "/server_info": {"GET": simple(server_info)},
     "/sim/requests": {"GET": simple(sim_requests), "DELETE": simple(sim_requests_clear)},
     "/sim/state": {"GET": simple(sim_state)},
 }

@@ -60,3 +60,15 @@ def test_injected_load_failures_never_reach_the_client_and_each_is_counted(tmp_p
     recovered = sum(value for key, value in counters.items()
                     if key.startswith("kvgate_miss_path_total") and 'result="ok"' in key)
     assert retried == recovered == failures["returning"]  # one retry per failed load, each one answered
+
+
+def test_the_shipped_scenarios_are_sized_as_documented() -> None:
+    scenarios = Path(__file__).resolve().parents[2] / "loadtests" / "scenarios"
+    for name, tier_tokens in (("admission-sim.yaml", None), ("admission-h200.yaml", 12_000_000_000 // 147456)):
+        plan = Scenario.load(scenarios / name)
+        spec = plan.workload
+        assert spec.scan_ratio == 10
+        tokens = tier_tokens or int(plan.sim["cpu_bytes_to_use"]) // 147456
+        assert 1.9 <= tokens / spec.hot_tokens <= 2.1, name  # the CPU tier holds about 2x the hot set
+        # Between two returns of a hot document, the one-offs alone overflow the tier.
+        assert spec.scan_ratio * spec.hot_docs * spec.doc_tokens > tokens

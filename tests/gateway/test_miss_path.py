@@ -48,6 +48,7 @@ def policy_for(root: Path, old: str, new: str, control: str, dead: str) -> Polic
     policy.add_tenant("forced", offload=retry, rollout={"pool": "old_forced", "else_pool": "control"})
     policy.add_tenant("gone", offload=retry, rollout={"pool": "dead", "else_pool": "control"})
     policy.add_tenant("plain", rollout={"pool": "old"})
+    policy.add_tenant("timed", offload=retry, rollout={"pool": "old"}, measure_ttft=True)
     return policy
 
 
@@ -131,6 +132,18 @@ def test_a_stream_whose_first_event_is_an_error_is_retried(stack: MissStack) -> 
     events = sse_data(reply.text)
     assert not any(isinstance(event, dict) and "error" in event for event in events)
     assert "".join(event["choices"][0]["text"] for event in events if isinstance(event, dict) and event["choices"])
+    outcomes = [r["outcome"] for r in sim_records(stack.old, reply.headers["x-request-id"])]
+    assert outcomes == ["load_failed", "completed"]
+    assert log_entry(stack, reply.headers["x-request-id"])["miss_path"][0]["failure"] == "error_event"
+
+
+def test_measure_ttft_tenants_are_retried_too(stack: MissStack) -> None:
+    # The gateway streams from upstream for them and answers in one body: the error event comes first there.
+    text = prompt()
+    in_cpu_tier_only(stack, "timed", text)
+    reply = complete(stack, "timed", text)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["text"]
     outcomes = [r["outcome"] for r in sim_records(stack.old, reply.headers["x-request-id"])]
     assert outcomes == ["load_failed", "completed"]
     assert log_entry(stack, reply.headers["x-request-id"])["miss_path"][0]["failure"] == "error_event"

@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(commands)
     _add_loadtest(commands)
     _add_canary(commands)
+    _add_doctor(commands)
     return parser
 
 
@@ -146,6 +147,13 @@ def _add_canary(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     from gateway.cli import canary as canary_cli
 
     canary_cli.add_arguments(commands.add_parser("canary", help="probe tenant isolation on every pool now"))
+
+
+def _add_doctor(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.cli import doctor
+
+    help_text = "what each upstream says: version, max_load_tokens, offload tier, kv_load_failure_policy"
+    doctor.add_arguments(commands.add_parser("doctor", help=help_text))
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -17,13 +17,16 @@ from gateway.ledger.service import LedgerService
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import ShadowOutcome
-from gateway.policy.loader import load_policy_set
+from gateway.policy.loader import PolicySet, load_policy_set
 from gateway.policy.reloader import PolicyHolder
 from gateway.proxy.balance import UpstreamHealth
 from gateway.proxy.features import Features, RequestFeature
 from gateway.proxy.forward import Proxy
+from gateway.proxy.misspath import MissPath
 from gateway.proxy.otel_metrics import OtelFeature, OtelGenAIMetrics
 from gateway.proxy.upstream import new_session
+from gateway.reuse.feature import AdmissionFeature
+from gateway.reuse.shared import Admission
 from gateway.settings import Settings
 from gateway.shadow.client import ShadowClient
 from gateway.shadow.feature import ShadowFeature
@@ -58,6 +61,8 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     holder = PolicyHolder(Path(settings.policies), policies, metrics, os.environ)
     metrics.prime(policies.tenants, ShadowOutcome)
     holder.listeners.append(lambda current: metrics.prime(current.tenants, ShadowOutcome))
+    metrics.prime_admission(returning_tenants(policies))
+    holder.listeners.append(lambda current: metrics.prime_admission(returning_tenants(current)))
     session = new_session(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
     tasks = TaskSupervisor("gateway")
     tasks.spawn(holder.watch(settings.reload_interval_s), "policy-watch")
@@ -65,10 +70,11 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     ledger = await LedgerService.open(settings, metrics, holder, tasks)
     health = UpstreamHealth()
     shadow = _shadow_runner(settings, metrics, health, tasks, await open_shadow_store(storage))
-    features = Features(request_features(ledger, shadow, genai))
+    admission = Admission.on(storage, secret, settings.admission_sketch_width)
+    features = Features(request_features(ledger, shadow, genai, AdmissionFeature(admission, metrics)))
     log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants),
              features=[feature.name for feature in features.all])
-    proxy = Proxy(session, secret, health, features)
+    proxy = Proxy(session, secret, health, features, MissPath(session, secret, metrics, ledger.remember_user_salt))
     canary = _canary(session, secret, metrics, holder, tasks)
     return State(holder, metrics, session, proxy, features, tasks, shadow, ledger, storage, canary)
 
@@ -84,13 +90,20 @@ def _canary(session: aiohttp.ClientSession, secret: bytes, metrics: GatewayMetri
 
 
 def request_features(
-    ledger: LedgerService, shadow: ShadowRunner, genai: OtelGenAIMetrics | None
+    ledger: LedgerService, shadow: ShadowRunner, genai: OtelGenAIMetrics | None,
+    admission: AdmissionFeature | None = None,
 ) -> list[RequestFeature]:
     """Every feature that hooks into a request, in the order they run."""
     features: list[RequestFeature] = [UserSaltFeature(ledger.remember_user_salt), ShadowFeature(shadow)]
+    if admission is not None:
+        features.append(admission)
     if genai is not None:
         features.append(OtelFeature(genai))
     return features
+
+
+def returning_tenants(policies: PolicySet) -> list[str]:
+    return [name for name, tenant in policies.tenants.items() if tenant.offload.admission.mode == "returning"]
 
 
 def _shadow_runner(

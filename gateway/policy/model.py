@@ -53,6 +53,11 @@ class PoolConfig(Strict):
     def lmcache(self) -> bool:
         return self.connector in LMCACHE_CONNECTORS
 
+    # How the miss path forces a recompute here: `max_load_tokens` (the server honours `max_load_tokens: 0`),
+    # `salt` (a one-time cache salt; works on any server), or `auto` (ask GET /version: salt unless the
+    # server is a version known to honour max_load_tokens).
+    recompute: Literal["auto", "max_load_tokens", "salt"] = "auto"
+
     @field_validator("upstreams")
     @classmethod
     def _http_urls(cls, urls: list[str]) -> list[str]:
@@ -101,11 +106,27 @@ class CachePolicy(Strict):
     client_salt: Literal["reject", "replace"] = "reject"
 
 
+class AdmissionPolicy(Strict):
+    """`offload.admission`: `all` (default), `returning`, or an object with the mode and its knobs."""
+
+    mode: Literal["all", "returning"] = "all"
+    window_s: float = Field(default=3600.0, gt=0, le=30 * 86400)
+    min_seen: int = Field(default=1, ge=1, le=254)  # counters saturate at 255 (sum of two generations)
+    prefix_chunks: int = Field(default=4, ge=1, le=64)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_shorthand(cls, value: object) -> object:
+        return {"mode": value} if isinstance(value, str) else value
+
+
 class OffloadPolicy(Strict):
     max_load_tokens: int | None = Field(default=None, ge=0)
     max_offload_tokens: int | None = Field(default=None, ge=0)
     retention_seconds: float | None = Field(default=None, gt=0)
     allowed_media: list[Medium] = Field(default_factory=lambda: list(DEFAULT_MEDIA))
+    admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
+    miss_path: Literal["retry", "off"] = "off"  # retry a pre-first-byte failure with recompute, then else_pool
 
 
 class RolloutPolicy(Strict):

@@ -32,6 +32,11 @@ class SimConfig:
     offload_block_size: int = 64
     kv_bytes_per_token: int = QWEN3_8B_KV_BYTES_PER_TOKEN
     load_us_per_token: float = 4.0
+    vllm_version: str = "0.25.0"  # what GET /version and system_fingerprint report
+    ignore_max_load_tokens: bool = False  # as vLLM 0.25.0's offloading scheduler, which never reads it
+    fail_loads: float = 0.0  # share of CPU-tier loads that fail (seeded by --seed)
+    load_failure_policy: str = "fail"  # vLLM's kv_load_failure_policy: fail | recompute
+    server_dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: GET /server_info shows the engine config
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
     kv_events_topic: str = ""
@@ -60,6 +65,10 @@ class SimConfig:
         if self.offload and self.lmcache:
             found.append("--offload and --lmcache are two KV connectors; a server has one")
         found += [f"{name} must not be negative" for name in _NON_NEGATIVE if getattr(self, name) < 0]
+        if not 0.0 <= self.fail_loads <= 1.0:
+            found.append("fail_loads must be between 0 and 1")
+        if self.load_failure_policy not in ("fail", "recompute"):
+            found.append("load_failure_policy must be fail or recompute")
         return found
 
     @property

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
+from gateway.devtools.localproc import ServerProcess, free_port, kvgate_command, run_server
 from gateway.keys import hash_key, new_key
-from gateway.localproc import ServerProcess, free_port, kvgate_command, run_server
 from loadtests import procstat
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

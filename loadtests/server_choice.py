@@ -30,8 +30,8 @@ import aiohttp
 import uvicorn
 from prometheus_client import CollectorRegistry, Counter
 
+from gateway.devtools.localproc import free_port, run_server
 from gateway.limits.connections import ConnectionLimits, guarded_protocol
-from gateway.localproc import free_port, run_server
 from loadtests import procstat
 from loadtests.hardening_stack import importable_here
 

@@ -9,6 +9,7 @@ differ.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -17,6 +18,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.log import get_logger
+from gateway.storage import Backend, Storage
 
 log = get_logger(__name__)
 WINDOW_S = 60.0
@@ -52,8 +54,6 @@ class RateLimiter(Protocol):
         """None when the request is admitted, else the seconds after which one would be."""
         ...
 
-    async def close(self) -> None: ...
-
 
 class LocalRateLimiter:
     """GCRA in process memory: one float per tenant (tenants come from the policy set, so it is bounded)."""
@@ -72,17 +72,12 @@ class LocalRateLimiter:
         self._tat[tenant] = tat + interval
         return None
 
-    async def close(self) -> None:
-        return None
-
 
 class RedisRateLimiter:
     """GCRA shared by every replica through Redis; the local limiter answers while Redis is unreachable."""
 
-    def __init__(self, url: str, fallback: LocalRateLimiter, on_fallback: Callable[[], None]) -> None:
-        self._redis = aioredis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S,
-                                              socket_connect_timeout=REDIS_TIMEOUT_S)
-        self._script = self._redis.register_script(GCRA_LUA)
+    def __init__(self, client: aioredis.Redis, fallback: LocalRateLimiter, on_fallback: Callable[[], None]) -> None:
+        self._script = client.register_script(GCRA_LUA)
         self._fallback = fallback
         self._on_fallback = on_fallback  # counts requests the local limiter judged because Redis did not answer
         self._down = False
@@ -90,7 +85,8 @@ class RedisRateLimiter:
     async def acquire(self, tenant: str, per_minute: int) -> float | None:
         interval, tolerance = gcra_parameters(per_minute)
         try:
-            answer = await self._script(keys=[f"{REDIS_PREFIX}:{tenant}"], args=[interval, tolerance])
+            async with asyncio.timeout(REDIS_TIMEOUT_S):
+                answer = await self._script(keys=[f"{REDIS_PREFIX}:{tenant}"], args=[interval, tolerance])
         except (RedisError, OSError, TimeoutError) as error:
             self._on_fallback()
             if not self._down:
@@ -103,10 +99,10 @@ class RedisRateLimiter:
         text = answer.decode() if isinstance(answer, bytes) else str(answer)
         return float(text) if text else None
 
-    async def close(self) -> None:
-        await self._redis.aclose()
 
-
-def open_rate_limiter(redis_url: str | None, on_fallback: Callable[[], None]) -> RateLimiter:
+def open_rate_limiter(storage: Storage, on_fallback: Callable[[], None]) -> RateLimiter:
+    """Shared through the process's Redis pool when the gateway stores state in Redis, else in memory."""
     local = LocalRateLimiter()
-    return RedisRateLimiter(redis_url, local, on_fallback) if redis_url else local
+    if storage.backend is Backend.REDIS:
+        return RedisRateLimiter(storage.redis_client(), local, on_fallback)
+    return local

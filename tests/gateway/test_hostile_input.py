@@ -241,6 +241,6 @@ def test_an_unexpected_failure_is_an_openai_shaped_500_in_json_logs(sim: ServerP
         lines = [json.loads(line) for line in gateway.log_text().splitlines()]
         logged = [line for line in lines if line.get("request_id") == request_id]
         assert len(logged) == 1 and logged[0]["status"] == 500 and logged[0]["outcome"] == "internal_error"
-        assert logged[0]["error_type"]
+        assert logged[0]["error"] and logged[0]["stack"]
     finally:
         redis_server.stop()

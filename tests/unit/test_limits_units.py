@@ -11,8 +11,8 @@ import yaml
 
 from gateway.errors import BadRequest
 from gateway.limits.rate import LocalRateLimiter
-from gateway.limits.request_shape import JsonLimits, check_json_shape, structure_outside_strings
 from gateway.policy.loader import PolicyLoadError, load_policy_set
+from gateway.proxy.shape import JsonLimits, check_json_shape, structure_outside_strings
 
 REPO_POLICIES = Path(__file__).resolve().parents[2] / "policies"
 

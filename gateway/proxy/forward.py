@@ -1,0 +1,371 @@
+"""The request path for forwarded routes: body → rewrite → pool → upstream → relay to the client.
+
+Streams are relayed chunk by chunk as they arrive; the only per-chunk work is a byte scan for the
+first generated content (TTFT) and for the usage event. A client that goes away cancels the relay,
+which closes the upstream connection, so upstream stops generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import aiohttp
+import msgspec
+
+from gateway.asgi.disconnect import DisconnectGuard
+from gateway.asgi.io import (
+    JSON_TYPE,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    send_body,
+    start_message,
+)
+from gateway.connectors.lmcache_tags import body_for_pool
+from gateway.errors import BadRequest, GatewayError, RequestTimeout, UnsupportedMediaType, openai_error_body
+from gateway.outcomes import Outcome
+from gateway.policy.loader import PolicySet
+from gateway.policy.model import TenantPolicy
+from gateway.proxy.assemble import StreamAssembler
+from gateway.proxy.balance import UpstreamHealth
+from gateway.proxy.features import Call, Features, Finish, Outbound
+from gateway.proxy.misspath import Failure, MissPath, peek_stream
+from gateway.proxy.record import Exchange
+from gateway.proxy.rewrite import RewrittenRequest, parse_json_object, rewrite_request
+from gateway.proxy.rollout import choose_pool
+from gateway.proxy.shape import JsonLimits, check_json_shape, check_user_value
+from gateway.proxy.sse import StreamWatch, usage_from_json
+from gateway.proxy.upstream import open_first_reachable, upstream_errors, upstream_headers
+from gateway.routes import Kind, RouteSpec, StreamStyle
+
+STREAM_FAILURES = (aiohttp.ClientError, TimeoutError)
+# Query strings travel upstream only in this conservative RFC 3986 form (no spaces, quotes or raw non-ASCII).
+FORWARDABLE_QUERY = re.compile(rb"[A-Za-z0-9._~%!$&'()*+,;=:@/?-]{0,2048}")
+IDENTITY = "identity"
+DEFAULT_JSON_LIMITS = JsonLimits(max_depth=64, max_items=262_144)
+DEFAULT_BODY_TIMEOUT_S = 60.0
+
+
+class Proxy:
+    def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, health: UpstreamHealth,
+                 features: Features, miss_path: MissPath | None = None,
+                 json_limits: JsonLimits = DEFAULT_JSON_LIMITS, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
+        self.session = session
+        self.salt_secret = salt_secret
+        self.health = health
+        self.features = features
+        self.miss_path = miss_path
+        self.json_limits = json_limits
+        self.body_timeout_s = body_timeout_s
+
+    async def forward(
+        self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
+        scope: Scope, receive: Receive, send: Send,
+    ) -> None:
+        finishes: list[Finish] = []
+        try:
+            call, outbound = await self._outbound(ex, policies, tenant, route, scope, receive, finishes)
+            finishes += self.features.sent(call, outbound, ex)
+            async with DisconnectGuard(receive) as guard:
+                await self._relay(ex, call, outbound, send)
+            if guard.disconnected:
+                ex.outcome = Outcome.CLIENT_DISCONNECTED
+                ex.status = ex.status or 499
+        finally:
+            for finish in finishes:
+                finish(ex)
+
+    async def _outbound(
+        self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
+        scope: Scope, receive: Receive, finishes: list[Finish],
+    ) -> tuple[Call, Outbound]:
+        body = await self._body(scope, receive, route, policies)
+        prepared = self._prepare(body, route, tenant, scope)
+        ex.model = prepared.model if prepared is not None else None
+        ex.pool = choose_pool(policies, tenant, prepared.user if prepared else None, ex.request_id)
+        pool = policies.gateway.pools[ex.pool]
+        call = Call(ex.request_id, policies, tenant, route, ex.pool, pool, prepared)
+        if prepared is not None:
+            finishes += await self.features.prepare(call, prepared.request)
+            finishes += self.features.start(call, prepared.request)
+        candidates = self.health.candidates(pool.upstreams, prepared.affinity if prepared else tenant.tenant)
+        query = scope.get("query_string", b"")
+        if FORWARDABLE_QUERY.fullmatch(query) is None:
+            raise BadRequest("The query string holds characters that are not forwarded (use percent-encoding).")
+        target = route.path + (f"?{query.decode('ascii')}" if query else "")
+        headers = upstream_headers(scope["headers"], policies.pool_auth(ex.pool), ex.request_id)
+        if prepared is not None:
+            body = body_for_pool(prepared.request, prepared.lmcache, pool) if pool.lmcache else prepared.body
+        sent_body = body if scope["method"] == "POST" else None
+        return call, Outbound(scope["method"], candidates, target, headers, sent_body)
+
+    async def _body(self, scope: Scope, receive: Receive, route: RouteSpec, policies: PolicySet) -> bytes:
+        if scope["method"] != "POST":
+            return b""
+        content_type = (header(scope, b"content-type") or b"").split(b";")[0].strip().lower()
+        if content_type != JSON_TYPE:
+            raise UnsupportedMediaType("The request body must be JSON (Content-Type: application/json).")
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                body = await read_body(scope, receive, policies.gateway.max_body_bytes)
+        except TimeoutError:
+            raise RequestTimeout(f"The request body did not arrive within {self.body_timeout_s:g} s.") from None
+        check_json_shape(body, self.json_limits)
+        return body
+
+    def _prepare(self, body: bytes, route: RouteSpec, tenant: TenantPolicy, scope: Scope) -> RewrittenRequest | None:
+        if route.kind is Kind.FORWARD:
+            if scope["method"] == "POST":
+                parse_json_object(body)
+            return None
+        user_header = tenant.rollout.user_header
+        header_user = header(scope, user_header.lower().encode()) if user_header else None
+        check_user_value(header_user, user_header or "user")
+        user = header_user.decode("latin-1") if header_user else None
+        return rewrite_request(body, route, tenant, self.salt_secret, user)
+
+    async def _relay(self, ex: Exchange, call: Call, outbound: Outbound, send: Send) -> None:
+        if self.miss_path is not None and self.miss_path.applies(call):
+            await self._relay_with_miss_path(ex, call, outbound, self.miss_path, send)
+            return
+        ex.sent_at = time.perf_counter()
+        ex.overhead_s = ex.sent_at - ex.started
+        with upstream_errors(ex.pool):
+            ex.upstream, response = await open_first_reachable(
+                self.session, self.health, outbound.candidates, outbound.method, outbound.target, outbound.headers,
+                outbound.body)
+        try:
+            await self._relay_response(ex, call, response, send)
+        except BaseException:
+            response.close()
+            raise
+        response.release()
+
+    # -- the miss path (gateway/proxy/misspath.py) ------------------------------------------------
+
+    async def _relay_with_miss_path(
+        self, ex: Exchange, call: Call, outbound: Outbound, miss: MissPath, send: Send
+    ) -> None:
+        failure = await self._attempt(ex, call, outbound, send, first=True)
+        if failure is None:
+            return
+        trail: list[dict[str, str]] = [{"pool": ex.pool, "failure": failure.cause}]
+        ex.miss_path = trail
+        for number, pool_name in enumerate(miss.retry_pools(call), start=1):
+            ex.pool = pool_name
+            pool = call.policies.gateway.pools[pool_name]
+            prepared = call.prepared
+            assert prepared is not None
+            candidates = self.health.candidates(pool.upstreams, prepared.affinity)
+            retry, action = await miss.retry_outbound(call, outbound, candidates, pool_name,
+                                                      f"{ex.request_id}-retry{number}")
+            next_failure = await self._attempt(ex, call, retry, send)
+            miss.count(call, pool_name, action, next_failure is None)
+            entry = {"pool": pool_name, "action": action, "result": "ok" if next_failure is None else "failed"}
+            trail.append(entry if next_failure is None else {**entry, "failure": next_failure.cause})
+            if next_failure is None:
+                return
+            failure = next_failure
+        await self._deliver_failure(ex, call, failure, send)
+
+    async def _attempt(
+        self, ex: Exchange, call: Call, outbound: Outbound, send: Send, first: bool = False
+    ) -> Failure | None:
+        """Send once; relay the answer unless it failed before its first byte (then say how)."""
+        ex.sent_at = time.perf_counter()
+        if first:  # the gateway's own overhead is measured up to the first send; retries are upstream time
+            ex.overhead_s = ex.sent_at - ex.started
+        try:
+            with upstream_errors(ex.pool):
+                ex.upstream, response = await open_first_reachable(
+                    self.session, self.health, outbound.candidates, outbound.method, outbound.target,
+                    outbound.headers, outbound.body)
+        except GatewayError as error:
+            return Failure(_cause(error), error=error)
+        try:
+            failure = await self._screen(ex, call, response, send)
+        except BaseException:
+            response.close()
+            raise
+        if failure is not None:
+            response.close()
+        else:
+            response.release()
+        return failure
+
+    async def _screen(
+        self, ex: Exchange, call: Call, response: aiohttp.ClientResponse, send: Send
+    ) -> Failure | None:
+        """A failure before the first byte, or None once the answer has been relayed."""
+        prepared = call.prepared
+        assert prepared is not None
+        content_type = response.headers.get("content-type", "application/json")
+        if response.status >= 500:
+            try:
+                with upstream_errors(ex.pool):
+                    body = await response.read()
+            except GatewayError as error:
+                return Failure(_cause(error), error=error)
+            return Failure(f"status_{response.status}", status=response.status, body=body, content_type=content_type)
+        preread: list[bytes] = []
+        if response.status == 200 and prepared.upstream_stream and call.route.stream is StreamStyle.CHUNKS:
+            try:
+                with upstream_errors(ex.pool):
+                    peeked = await peek_stream(response)
+            except GatewayError as error:
+                return Failure(_cause(error), error=error)
+            if peeked.error_first:
+                return Failure("error_event", chunks=peeked.chunks, content_type=content_type)
+            preread = peeked.chunks
+        whole_before_sending = not prepared.upstream_stream or prepared.assemble
+        try:
+            await self._relay_response(ex, call, response, send, preread)
+        except GatewayError as error:
+            if not whole_before_sending:
+                raise
+            return Failure(_cause(error), error=error)  # nothing was sent: the body is read before replying
+        return None
+
+    async def _deliver_failure(self, ex: Exchange, call: Call, failure: Failure, send: Send) -> None:
+        """Every attempt failed: the client gets the last failure as it would have without the miss path."""
+        if failure.error is not None:
+            raise failure.error
+        ex.outcome = Outcome.MISS_PATH_EXHAUSTED
+        prepared = call.prepared
+        headers = [(b"x-request-id", ex.request_id.encode()), (b"x-kvgate-pool", ex.pool.encode())]
+        if not failure.chunks:
+            ex.status = failure.status
+            await send_body(send, failure.status, failure.body,
+                            [(b"content-type", failure.content_type.encode("latin-1")), *headers])
+            return
+        if prepared is not None and prepared.assemble:
+            assembler = StreamAssembler(chat=call.route.chat)
+            for chunk in failure.chunks:
+                assembler.feed(chunk)
+            ex.status, body = assembler.result()
+            await send_body(send, ex.status, msgspec.json.encode(body), [(b"content-type", JSON_TYPE), *headers])
+            return
+        ex.status = 200
+        await send(start_message(200, [(b"content-type", failure.content_type.encode("latin-1")), *headers]))
+        await send({"type": "http.response.body", "body": b"".join(failure.chunks), "more_body": False})
+
+    # -- relaying an answer -----------------------------------------------------------------------
+
+    async def _relay_response(
+        self, ex: Exchange, call: Call, response: aiohttp.ClientResponse, send: Send,
+        preread: list[bytes] | None = None,
+    ) -> None:
+        ex.status = response.status
+        route, prepared = call.route, call.prepared
+        if content_encoding(response) != IDENTITY:
+            # Upstream ignored `Accept-Encoding: identity`; relay the bytes as they are, labelled (no scanning).
+            ex.content_encoding = content_encoding(response)
+            await self._relay_whole(ex, route, response, send)
+        elif response.status != 200 or prepared is None or not prepared.upstream_stream:
+            await self._relay_whole(ex, route, response, send)
+        elif prepared.assemble:
+            await self._relay_assembled(ex, route, response, send, preread or [])
+        else:
+            await self._relay_stream(ex, route, prepared, response, send, preread or [])
+
+    def _headers(self, ex: Exchange, response: aiohttp.ClientResponse, received: float) -> list[tuple[bytes, bytes]]:
+        ex.overhead_s += time.perf_counter() - received
+        content_type = response.headers.get("content-type", "application/json")
+        headers = [
+            (b"content-type", content_type.encode("utf-8", "surrogateescape")),  # the bytes upstream sent
+            (b"x-request-id", ex.request_id.encode()),
+            (b"x-kvgate-pool", ex.pool.encode()),
+            (b"x-kvgate-overhead-ms", f"{ex.overhead_s * 1000:.3f}".encode()),
+        ]
+        encoding = content_encoding(response)
+        if encoding != IDENTITY:
+            headers.append((b"content-encoding", encoding.encode("utf-8", "surrogateescape")))
+        return headers
+
+    async def _relay_whole(self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send) -> None:
+        with upstream_errors(ex.pool):
+            body = await response.read()
+        received = time.perf_counter()
+        if ex.capture is not None:
+            ex.capture += body
+        if response.status == 200 and route.kind is Kind.GENERATE and content_encoding(response) == IDENTITY:
+            ex.usage = usage_from_json(body)
+        await send_body(send, response.status, body, self._headers(ex, response, received))
+
+    async def _relay_stream(
+        self, ex: Exchange, route: RouteSpec, prepared: RewrittenRequest, response: aiohttp.ClientResponse,
+        send: Send, preread: list[bytes],
+    ) -> None:
+        await send(start_message(200, self._headers(ex, response, time.perf_counter())))
+        watch = StreamWatch(prepared.strip_usage)
+        try:
+            for chunk in preread:  # held back by the miss path until the stream showed content
+                await self._pass_chunk(ex, watch, chunk, send)
+            async for chunk in response.content.iter_any():
+                forward, first = watch.feed(chunk)
+                if first:
+                    ex.ttft_s = time.perf_counter() - ex.started
+                if forward:
+                    await send({"type": "http.response.body", "body": forward, "more_body": True})
+                if ex.capture is not None:
+                    ex.capture += chunk
+            tail = watch.flush()
+        except STREAM_FAILURES as error:
+            ex.outcome = Outcome.UPSTREAM_FAILED_MID_STREAM
+            tail = stream_error_event(route, f"Upstream stream failed: {type(error).__name__}.")
+        ex.usage = watch.usage
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _pass_chunk(self, ex: Exchange, watch: StreamWatch, chunk: bytes, send: Send) -> None:
+        forward, first = watch.feed(chunk)
+        if first:
+            ex.ttft_s = time.perf_counter() - ex.started
+        if forward:
+            await send({"type": "http.response.body", "body": forward, "more_body": True})
+        if ex.capture is not None:
+            ex.capture += chunk
+
+    async def _relay_assembled(
+        self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send, preread: list[bytes]
+    ) -> None:
+        watch = StreamWatch(strip_usage=False)
+        assembler = StreamAssembler(chat=route.chat)
+        for chunk in preread:
+            if watch.feed(chunk)[1]:
+                ex.ttft_s = time.perf_counter() - ex.started
+            assembler.feed(chunk)
+            if ex.capture is not None:
+                ex.capture += chunk
+        with upstream_errors(ex.pool):
+            async for chunk in response.content.iter_any():
+                if watch.feed(chunk)[1]:
+                    ex.ttft_s = time.perf_counter() - ex.started
+                assembler.feed(chunk)
+                if ex.capture is not None:
+                    ex.capture += chunk
+        received = time.perf_counter()
+        ex.usage = watch.usage
+        status, body = assembler.result()
+        ex.status = status
+        headers = [(b"content-type", JSON_TYPE), *self._headers(ex, response, received)[1:]]
+        await send_body(send, status, msgspec.json.encode(body), headers)
+
+
+def content_encoding(response: aiohttp.ClientResponse) -> str:
+    return response.headers.get("content-encoding", IDENTITY).strip().lower() or IDENTITY
+
+
+def _cause(error: GatewayError) -> str:
+    """The underlying failure's name (ClientConnectorError, ServerDisconnectedError, TimeoutError, ...)."""
+    return type(error.__cause__).__name__ if error.__cause__ is not None else type(error).__name__
+
+
+def stream_error_event(route: RouteSpec, message: str) -> bytes:
+    error = msgspec.json.encode(openai_error_body(message, "upstream_error", None, 502))
+    if route.stream is StreamStyle.RESPONSES:
+        return b"event: error\ndata: " + error + b"\n\n"
+    return b"data: " + error + b"\n\ndata: [DONE]\n\n"

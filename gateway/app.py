@@ -40,6 +40,7 @@ from gateway.shadow.client import ShadowClient
 from gateway.shadow.recorder import ShadowRecorder
 from gateway.shadow.runner import ShadowRunner
 from gateway.shadow.store import open_shadow_store
+from gateway.strict.request_fields import FieldRefused
 from gateway.tasks import TaskSupervisor
 from gateway.upstream import new_session
 
@@ -162,6 +163,8 @@ class GatewayApp:
             state.metrics.auth_failures.labels(error.reason).inc()
         elif isinstance(error, Forbidden):
             state.metrics.auth_failures.labels("scope").inc()
+        elif isinstance(error, FieldRefused) and ex.tenant:
+            state.metrics.engine_fields.labels(ex.tenant, error.field, "refused").inc()
         await send_error(send, error, [(b"x-request-id", ex.request_id.encode())])
 
     async def _serve(self, state: State, ex: Exchange, scope: Scope, receive: Receive, send: Send) -> None:

@@ -32,6 +32,9 @@ class GatewayMetrics:
             ["reason"], registry=registry)
         self.policy_reloads = Counter(
             "kvgate_policy_reloads", "Policy directory loads by result.", ["result"], registry=registry)
+        self.engine_fields = Counter(
+            "kvgate_engine_fields", "Body fields that steer vLLM, dropped or refused by tenant policy.",
+            ["tenant", "field", "action"], registry=registry)
 
     def prime(self, policies: PolicySet) -> None:
         """Create every tenant's event counters at 0, so the first violation or mismatch is a visible rise."""

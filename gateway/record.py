@@ -33,6 +33,7 @@ class Exchange:
     model: str | None = None  # `model` of the rewritten request body (GenAI metrics)
     capture: bytearray | None = None  # the primary's reply bytes, kept only for shadowed requests
     extra: dict[str, object] = field(default_factory=dict)
+    dropped_fields: tuple[str, ...] = ()  # engine-steering body fields removed by policy
 
 
 def record(metrics: GatewayMetrics, exchange: Exchange) -> None:
@@ -49,6 +50,8 @@ def _record_tenant_metrics(metrics: GatewayMetrics, exchange: Exchange) -> None:
     metrics.duration.labels(tenant, pool, route).observe(exchange.duration_s)
     if exchange.ttft_s is not None:
         metrics.ttft.labels(tenant, pool, route).observe(exchange.ttft_s)
+    for name in exchange.dropped_fields:
+        metrics.engine_fields.labels(tenant, name, "dropped").inc()
     if exchange.usage is not None:
         metrics.prompt_tokens.labels(tenant, pool).inc(exchange.usage.prompt_tokens)
         metrics.cached_prompt_tokens.labels(tenant, pool).inc(exchange.usage.cached_tokens)

@@ -14,6 +14,7 @@ from gateway.errors import BadRequest
 from gateway.policy.model import OffloadPolicy, TenantPolicy
 from gateway.routes import Kind, RouteSpec
 from gateway.salts import derive_salt
+from gateway.strict.request_fields import apply_engine_policy, check_types
 
 CAP_KEYS = ("max_load_tokens", "max_offload_tokens")
 CHUNK_STREAM_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -30,6 +31,7 @@ class RewrittenRequest:
     user: str | None
     deterministic: bool
     affinity: str  # salt and the start of the prompt: requests sharing both can share cached blocks
+    dropped_fields: tuple[str, ...] = ()  # engine-steering fields removed by policy (counted in metrics)
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -47,6 +49,8 @@ def rewrite_request(
 ) -> RewrittenRequest:
     request = parse_json_object(body)
     kind = route.kind
+    check_types(request, route)
+    dropped = apply_engine_policy(request, route, tenant.engine_fields)
     user = header_user if header_user is not None else _body_user(request)
     _apply_salt(request, tenant, secret, user)
     if kind is Kind.GENERATE:
@@ -68,6 +72,7 @@ def rewrite_request(
         user=user,
         deterministic=_deterministic(request),
         affinity=f"{request.get('cache_salt', tenant.tenant)}:{prompt_prefix(request)}",
+        dropped_fields=tuple(dropped),
     )
 
 
@@ -132,7 +137,8 @@ def _client_transfer_params(value: object) -> dict[str, Any]:
         if key not in CAP_KEYS:
             raise BadRequest(f"kv_transfer_params.{key} is not allowed.", param=f"kv_transfer_params.{key}")
         if cap is not None and (type(cap) is not int or cap < 0):
-            raise BadRequest(f"kv_transfer_params.{key} must be a non-negative integer.", param=key)
+            raise BadRequest(f"kv_transfer_params.{key} must be a non-negative integer.",
+                             param=f"kv_transfer_params.{key}")
     return dict(value)
 
 

@@ -111,6 +111,13 @@ class ShadowPolicy(Strict):
         return self
 
 
+class EngineFieldsPolicy(Strict):
+    """Body fields that steer vLLM rather than the generated text (gateway/strict/request_fields.py)."""
+
+    steering: Literal["drop", "reject"] = "drop"  # priority, session_id, request_id, data_parallel_rank, vllm_xargs
+    responses_store: bool = False  # allow previous_response_id, store and background on /v1/responses
+
+
 class TenantPolicy(Strict):
     tenant: str
     keys: list[KeyEntry] = Field(default_factory=list)
@@ -118,6 +125,7 @@ class TenantPolicy(Strict):
     offload: OffloadPolicy = Field(default_factory=OffloadPolicy)
     rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
     shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
+    engine_fields: EngineFieldsPolicy = Field(default_factory=EngineFieldsPolicy)
     measure_ttft: bool = False
 
     @field_validator("tenant")

@@ -24,6 +24,8 @@ from gateway.asgi_io import ClientDisconnected, Receive, Scope, Send, send_body,
 from gateway.audit_cli import parse_since
 from gateway.auth import AuthFailure, authenticate, authorize, check_path, presented_key
 from gateway.balance import UpstreamHealth
+from gateway.epochs.floor import open_floor_store
+from gateway.epochs.guard import EpochFloorGuard
 from gateway.errors import BadRequest, Forbidden, GatewayError, NotFound, openai_error_body
 from gateway.ledger.service import LedgerService
 from gateway.log import get_logger
@@ -35,7 +37,7 @@ from gateway.policy.reloader import PolicyHolder
 from gateway.proxy import Proxy
 from gateway.record import Exchange, record
 from gateway.routes import FORWARDED_KINDS, ROUTES, Kind, RouteSpec
-from gateway.settings import Settings
+from gateway.settings import Settings, salt_secret_bytes
 from gateway.shadow.client import ShadowClient
 from gateway.shadow.recorder import ShadowRecorder
 from gateway.shadow.runner import ShadowRunner
@@ -64,15 +66,14 @@ class State:
     tasks: TaskSupervisor
     shadow: ShadowRunner
     ledger: LedgerService
+    floors: EpochFloorGuard | None = None
     ready: bool = True
 
 
 class GatewayApp:
     def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
-        if settings.salt_secret is None:
-            raise ValueError("KVGATE_SALT_SECRET is required")
         self.settings = settings
-        self.secret = settings.salt_secret.get_secret_value().encode()
+        self.secret = salt_secret_bytes(settings)
         self.metrics = GatewayMetrics(registry or CollectorRegistry())
         self.genai = OtelGenAIMetrics(self.metrics.registry) if settings.otel_metrics else None
         self._state: State | None = None
@@ -109,7 +110,11 @@ class GatewayApp:
 
     async def _startup(self) -> State:
         policies = load_policy_set(Path(self.settings.policies))
+        floors = EpochFloorGuard(open_floor_store(self.settings.redis_url, self.settings.state_path))
+        await floors.start(policies)  # a set below a tenant's salt-epoch floor never comes into force
         holder = PolicyHolder(Path(self.settings.policies), policies, self.metrics)
+        holder.gate = floors
+        holder.listeners.append(floors.on_installed)
         self.metrics.prime(policies)
         holder.listeners.append(self.metrics.prime)
         session = new_session(self.settings.upstream_connections, self.settings.connect_timeout_s,
@@ -122,7 +127,7 @@ class GatewayApp:
         shadow = self._shadow_runner(health, tasks)
         log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants))
         proxy = Proxy(session, self.secret, health, shadow, ledger.remember_user_salt)
-        return State(holder, self.metrics, session, proxy, tasks, shadow, ledger)
+        return State(holder, self.metrics, session, proxy, tasks, shadow, ledger, floors)
 
     def _shadow_runner(self, health: UpstreamHealth, tasks: TaskSupervisor) -> ShadowRunner:
         store = open_shadow_store(self.settings.redis_url, self.settings.state_path)
@@ -138,6 +143,8 @@ class GatewayApp:
         await state.tasks.close()
         await state.shadow.close()
         await state.session.close()
+        if state.floors is not None:
+            await state.floors.store.close()
         log.info("gateway_stopped")
 
     # -- requests ---------------------------------------------------------------------------------
@@ -210,7 +217,7 @@ class GatewayApp:
             tenant, since = _audit_query(scope, policies)
             return 200, await state.ledger.audit(policies, tenant, since)
         if route.path == "/admin/reload":
-            changed = state.holder.reload()
+            changed = await state.holder.reload_async()
             return 200, {"reloaded": changed, "policy_version": state.holder.current.version}
         message = f"{route.path} is not available in this build."
         return 501, openai_error_body(message, "not_implemented", None, "not_implemented")

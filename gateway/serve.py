@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from gateway.app import GatewayApp
 from gateway.log import configure_logging
 from gateway.policy.loader import PolicyLoadError, load_policy_set
-from gateway.settings import Settings
+from gateway.settings import SaltSecretError, Settings, salt_secret_bytes
 
 
 def run_gateway(overrides: dict[str, Any]) -> int:
@@ -20,8 +20,10 @@ def run_gateway(overrides: dict[str, Any]) -> int:
     except ValidationError as error:
         print(f"invalid settings: {error}", file=sys.stderr)
         return 2
-    if settings.salt_secret is None:
-        print("KVGATE_SALT_SECRET must be set (the secret cache salts are derived from)", file=sys.stderr)
+    try:
+        salt_secret_bytes(settings)
+    except SaltSecretError as error:
+        print(str(error), file=sys.stderr)
         return 2
     try:
         load_policy_set(settings.policies)

@@ -14,6 +14,8 @@ TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 DEFAULT_MEDIA: tuple[Medium, ...] = ("GPU", "CPU")
 PUBLIC_CAPABLE_PATHS = frozenset({"/livez", "/readyz", "/metrics"})
+GATEWAY_ENV_PREFIX = "KVGATE_"
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class Strict(BaseModel):
@@ -37,6 +39,16 @@ class PoolConfig(Strict):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"upstream {url!r} must start with http:// or https://")
         return [url.rstrip("/") for url in urls]
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _not_a_gateway_variable(cls, name: str | None) -> str | None:
+        # The key is sent upstream as a bearer token: naming KVGATE_SALT_SECRET (or any setting) would leak it.
+        if name is not None and name.upper().startswith(GATEWAY_ENV_PREFIX):
+            raise ValueError(f"{name!r} is a gateway setting; name a variable that holds only the upstream's key")
+        if name is not None and not ENV_NAME.match(name):
+            raise ValueError("must be an environment variable name (letters, digits, '_', not starting with a digit)")
+        return name
 
 
 class GatewayConfig(Strict):

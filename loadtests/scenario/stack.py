@@ -18,7 +18,7 @@ from loadtests.scenario.model import ARMS, Scenario
 from loadtests.scenario.policies import write_policy_dir
 from loadtests.scenario.targets import Targets, Upstream
 
-UPSTREAM_KEY_ENV = {"offload": "KVGATE_LOADTEST_OFFLOAD_KEY", "control": "KVGATE_LOADTEST_CONTROL_KEY"}
+UPSTREAM_KEY_ENV = {"offload": "VLLM_LOADTEST_OFFLOAD_KEY", "control": "VLLM_LOADTEST_CONTROL_KEY"}
 READY_TIMEOUT_S = 60.0
 
 

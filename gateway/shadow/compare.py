@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.sse import stream_text
+from gateway.proxy.sse import stream_text
 
 
 @dataclass(frozen=True)

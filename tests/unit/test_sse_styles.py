@@ -19,9 +19,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.assemble import StreamAssembler
+from gateway.proxy.assemble import StreamAssembler
 from gateway.shadow.compare import generated_text
-from gateway.sse import StreamWatch, Usage, has_content, is_usage_chunk, stream_objects, stream_usage
+from gateway.proxy.sse import StreamWatch, Usage, has_content, is_usage_chunk, stream_objects, stream_usage
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.25.0" / "http"
 CAPTURES = sorted(FIXTURES.glob("*.sse.txt"))

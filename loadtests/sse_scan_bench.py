@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.shadow.compare import generated_text
 from gateway.proxy.sse import StreamWatch, stream_usage
+from gateway.shadow.compare import generated_text
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-0.25.0" / "http"
 

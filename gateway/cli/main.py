@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gateway.epochs.floor import FloorStoreUnavailable, floor_problems
 from gateway.keys import hash_key, new_key, policy_line
+from gateway.policy.advice import policy_warnings
 from gateway.policy.loader import PolicyLoadError, load_policy_set
+from gateway.settings import Settings
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -66,6 +70,18 @@ def _policy_check(args: argparse.Namespace) -> int:
         for problem in error.problems:
             print(problem, file=sys.stderr)
         return 1
+    settings = Settings()
+    try:
+        below = asyncio.run(floor_problems(settings.redis_url, settings.state_path, policies))
+    except FloorStoreUnavailable as error:
+        print(f"warning: the salt-epoch floors could not be read ({error}); not checked", file=sys.stderr)
+        below = []
+    for problem in below:
+        print(problem, file=sys.stderr)
+    if below:
+        return 1
+    for warning in policy_warnings(policies):
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"ok: {len(policies.tenants)} tenants, {len(policies.gateway.pools)} pools, version {policies.version}")
     return 0
 

@@ -13,6 +13,8 @@ from gateway.log import configure_logging
 from gateway.policy.loader import PolicyLoadError, load_policy_set
 from gateway.settings import SaltSecretError, Settings, salt_secret_bytes
 
+STARTUP_FAILED = 3
+
 
 def run_gateway(overrides: dict[str, Any]) -> int:
     try:
@@ -36,5 +38,6 @@ def run_gateway(overrides: dict[str, Any]) -> int:
         lifespan="on", access_log=False, log_level="warning", server_header=False, date_header=False,
         proxy_headers=False,  # the gateway never reads the client address, so skip that middleware
     )
-    uvicorn.Server(config).run()
-    return 0
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else STARTUP_FAILED  # e.g. a policy set below a tenant's salt-epoch floor

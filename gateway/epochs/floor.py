@@ -167,3 +167,17 @@ def open_floor_store(redis_url: str | None, state_path: Path) -> FloorStore:
     if redis_url:
         return RedisFloorStore.open(redis_url)
     return SqliteFloorStore(state_path)
+
+
+async def floor_problems(redis_url: str | None, state_path: Path, policies: PolicySet) -> list[str]:
+    """For `kvgate policy check`: the set's epochs against the floors in this host's store (read only).
+    Nothing to compare with when there is no store yet."""
+    if not redis_url and not await asyncio.to_thread(state_path.exists):
+        return []
+    store = open_floor_store(redis_url, state_path)
+    try:
+        floors = await store.floors()
+    finally:
+        await store.close()
+    epochs = policy_epochs(policies)
+    return describe(lowered(epochs, floors), epochs)

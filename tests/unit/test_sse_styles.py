@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.proxy.assemble import StreamAssembler
-from gateway.shadow.compare import generated_text
 from gateway.proxy.sse import StreamWatch, Usage, has_content, is_usage_chunk, stream_objects, stream_usage
+from gateway.shadow.compare import generated_text
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.25.0" / "http"
 CAPTURES = sorted(FIXTURES.glob("*.sse.txt"))

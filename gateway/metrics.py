@@ -32,6 +32,12 @@ class GatewayMetrics:
             ["reason"], registry=registry)
         self.policy_reloads = Counter(
             "kvgate_policy_reloads", "Policy directory loads by result.", ["result"], registry=registry)
+        self.user_salts_remembered = Gauge(
+            "kvgate_user_salts_remembered", "Salt digests the ledger remembers for attribution (bounded LRU).",
+            registry=registry)
+        self.user_salts_evicted = Counter(
+            "kvgate_user_salts_evicted", "Salt digests forgotten by the bounded LRU (their blocks: unattributed).",
+            registry=registry)
         self.engine_fields = Counter(
             "kvgate_engine_fields", "Body fields that steer vLLM, dropped or refused by tenant policy.",
             ["tenant", "field", "action"], registry=registry)

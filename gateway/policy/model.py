@@ -15,6 +15,7 @@ SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 DEFAULT_MEDIA: tuple[Medium, ...] = ("GPU", "CPU")
 PUBLIC_CAPABLE_PATHS = frozenset({"/livez", "/readyz", "/metrics"})
 GATEWAY_ENV_PREFIX = "KVGATE_"
+MAX_SALT_EPOCH = 1_000_000  # a counter raised by `tenant forget`; a date-like value is a mistake
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -86,7 +87,7 @@ class KeyEntry(Strict):
 
 class CachePolicy(Strict):
     isolation: Literal["tenant", "user", "none"] = "tenant"
-    salt_epoch: int = Field(default=1, ge=0)
+    salt_epoch: int = Field(default=1, ge=0, le=MAX_SALT_EPOCH)
     client_salt: Literal["reject", "replace"] = "reject"
 
 

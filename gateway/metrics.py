@@ -1,4 +1,4 @@
-"""The gateway's own Prometheus metrics (contract §4), on an injected registry.
+"""The gateway's own Prometheus metrics (docs/metrics.md), on an injected registry.
 
 Label values for `tenant` come only from the loaded policy set (plus the ledger's reserved
 `unattributed`), never from request input.

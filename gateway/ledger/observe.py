@@ -1,4 +1,4 @@
-"""The ledger's Prometheus metrics (contract §4), fed only by batches this process wrote to the store,
+"""The ledger's Prometheus metrics (docs/metrics.md), fed only by batches this process wrote to the store,
 so replicas sharing one stream add up to one count. Tenant labels are configured tenants or
 `unattributed`; records of tenants no longer configured are left out of metrics (the audit still shows them).
 """

@@ -1,4 +1,4 @@
-"""The audit report (contract §6) from block records. Pure: records, policies and a clock in; JSON out.
+"""The audit report (docs/reports.md) from block records. Pure: records, policies and a clock in; JSON out.
 
 Window semantics with `since`: stored = stored at or after it; removed, lifetimes and closed_by = removed at
 or after it; resident = resident now. Violations are judged now, against the policy in force now: a resident

@@ -1,4 +1,4 @@
-"""Pydantic models of the policy directory (contract §2). Pure data, no I/O."""
+"""Pydantic models of the policy directory (docs/policies.md). Pure data, no I/O."""
 
 from __future__ import annotations
 

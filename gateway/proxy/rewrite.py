@@ -1,4 +1,4 @@
-"""Request body rewriting (contract §3): salt, KV-transfer caps, stream options.
+"""Request body rewriting (docs/http.md): salt, KV-transfer caps, stream options.
 
 Only the fields named here change; every other field of the client's JSON is forwarded as sent.
 """

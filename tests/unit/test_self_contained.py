@@ -68,7 +68,7 @@ def test_no_tracked_file_refers_outside_the_repository() -> None:
     ("scripts/gpu/stage.sh", "DIR=${DIR:-$ROOT/../" + "sha" + "red/gpu}", True),
     ("docs/deploy/helm.md", "[policies](../policies.md)", False),
     ("docs/deploy/helm.md", "[readme](../../README.md)", False),
-    ("docs/deploy/helm.md", "[elsewhere](../../../elsewhere.md)", True),
+    ("docs/deploy/helm.md", "[elsewhere](" + "../" * 3 + "elsewhere.md)", True),
     ("deploy/compose/compose.yaml", "context: ../..", False),
     ("loadtests/x.py", "open('/" + "wo" + "rk/shared/x')", True),
     ("tests/unit/test_paths.py", 'assert check("/v1/../admin")', False),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -28,7 +29,7 @@ def run_gateway(overrides: dict[str, Any]) -> int:
         print(str(error), file=sys.stderr)
         return 2
     try:
-        load_policy_set(settings.policies)
+        load_policy_set(settings.policies, os.environ)
     except PolicyLoadError as error:
         print("\n".join(error.problems), file=sys.stderr)
         return 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -28,8 +28,10 @@ class ReloadGate(Protocol):
 class PolicyHolder:
     """The policy set in force. Readers take `current` once per request; swaps are atomic."""
 
-    def __init__(self, directory: Path, initial: PolicySet, metrics: GatewayMetrics) -> None:
+    def __init__(self, directory: Path, initial: PolicySet, metrics: GatewayMetrics,
+                 environ: Mapping[str, str] | None = None) -> None:
         self.directory = directory
+        self.environ = environ
         self.current = initial
         self.metrics = metrics
         self.listeners: list[Callable[[PolicySet], None]] = []
@@ -62,7 +64,7 @@ class PolicyHolder:
     def _candidate(self) -> PolicySet | None:
         """A valid set that differs from the one in force, or None (a failure is logged and counted)."""
         try:
-            candidate = load_policy_set(self.directory)
+            candidate = load_policy_set(self.directory, self.environ)
         except (PolicyLoadError, OSError) as error:
             self._reject(error)
             return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -229,6 +229,22 @@ def _typed_pieces(chunk: _TextChunk) -> list[str]:
     if chunk.type == RESPONSES_TEXT_DELTA and isinstance(chunk.delta, str):
         pieces.append(chunk.delta)
     return pieces
+
+
+def first_outcome(region: bytes) -> Literal["content", "error"] | None:
+    """Among the complete events of a stream's first bytes: whether generated content or an error event comes
+    first, or None while neither has (the miss path's peek)."""
+    normalised = normalise_line_ends(region)
+    complete = normalised[: normalised.rfind(EVENT_END) + len(EVENT_END)] if EVENT_END in normalised else b""
+    for event in complete.split(EVENT_END):
+        parsed = event_object(event) if event.strip(b"\n") else None
+        if parsed is None:
+            continue
+        if isinstance(parsed.get("error"), dict) or parsed.get("type") == "error":
+            return "error"
+        if has_content(parsed):
+            return "content"
+    return None
 
 
 def _may_name_usage(event: bytes) -> bool:

@@ -63,7 +63,7 @@ def test_serve_refuses_a_missing_empty_or_short_secret(sim: ServerProcess, tmp_p
 
 def test_a_32_byte_secret_is_enough(sim: ServerProcess, tmp_path: Path) -> None:
     policy = policy_dir(tmp_path / "policies", sim.url)
-    with run_gateway(policy.root, tmp_path / "gateway.log", "s" * 32) as gateway:
+    with run_gateway(policy.root, tmp_path / "gateway.log", "s" * 32, {UPSTREAM_KEY_ENV: UPSTREAM_KEY}) as gateway:
         assert httpx.get(f"{gateway.url}/livez", timeout=10).status_code == 401
 
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import sqlite3
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -24,6 +23,8 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from gateway.policy.loader import PolicySet
+from gateway.storage import Backend, Storage
+from gateway.storage.sqlite import SqliteWorker
 
 REDIS_KEY = "kvgate:epoch_floors"
 SQLITE_SCHEMA = "CREATE TABLE IF NOT EXISTS policy_epoch_floors (tenant TEXT PRIMARY KEY, epoch INTEGER NOT NULL)"
@@ -59,8 +60,6 @@ class FloorStore(Protocol):
 
     async def floors(self) -> dict[str, int]: ...
 
-    async def close(self) -> None: ...
-
 
 def policy_epochs(policies: PolicySet) -> dict[str, int]:
     return {name: tenant.cache.salt_epoch for name, tenant in policies.tenants.items()}
@@ -79,68 +78,46 @@ def describe(below: Mapping[str, int], epochs: Mapping[str, int]) -> list[str]:
 
 
 class SqliteFloorStore:
-    """The floor in the gateway's SQLite state file (its own table; the ledger's tables are untouched)."""
+    """The floor in the process's SQLite file (its own table), on the process's one SQLite worker thread."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, worker: SqliteWorker) -> None:
+        self.worker = worker
 
     async def check_and_raise(self, epochs: Mapping[str, int]) -> dict[str, int]:
-        return await self._run(partial(self._check_and_raise, dict(epochs)))
-
-    async def floors(self) -> dict[str, int]:
-        return await self._run(self._floors)
-
-    async def close(self) -> None:
-        return None
-
-    async def _run(self, work: Callable[[], dict[str, int]]) -> dict[str, int]:
         try:
-            return await asyncio.to_thread(work)  # off the event loop: the file may be locked for a while
+            return await self.worker.transaction(_check_and_raise_sql, dict(epochs))
         except sqlite3.Error as error:
             raise FloorStoreUnavailable(str(error)) from error
 
-    def _connect(self) -> sqlite3.Connection:
-        connection = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
-        connection.execute(SQLITE_SCHEMA)
-        return connection
-
-    def _floors(self) -> dict[str, int]:
-        connection = self._connect()
+    async def floors(self) -> dict[str, int]:
         try:
-            return {str(name): int(epoch) for name, epoch in connection.execute(
-                "SELECT tenant, epoch FROM policy_epoch_floors")}
-        finally:
-            connection.close()
+            return await self.worker.run(_floors_sql)
+        except sqlite3.Error as error:
+            raise FloorStoreUnavailable(str(error)) from error
 
-    def _check_and_raise(self, epochs: dict[str, int]) -> dict[str, int]:
-        connection = self._connect()
-        try:
-            connection.execute("BEGIN IMMEDIATE")  # one writer: check and raise cannot interleave
-            floors = {str(name): int(epoch) for name, epoch in connection.execute(
-                "SELECT tenant, epoch FROM policy_epoch_floors")}
-            below = lowered(epochs, floors)
-            if not below:
-                connection.executemany(
-                    "INSERT INTO policy_epoch_floors (tenant, epoch) VALUES (?, ?) ON CONFLICT (tenant) "
-                    "DO UPDATE SET epoch = excluded.epoch WHERE excluded.epoch > policy_epoch_floors.epoch",
-                    sorted(epochs.items()))
-            connection.execute("COMMIT")
-            return below
-        finally:
-            connection.close()
+
+def _floors_sql(db: sqlite3.Connection) -> dict[str, int]:
+    return {str(name): int(epoch) for name, epoch in db.execute("SELECT tenant, epoch FROM policy_epoch_floors")}
+
+
+def _check_and_raise_sql(db: sqlite3.Connection, epochs: dict[str, int]) -> dict[str, int]:
+    """Inside one BEGIN IMMEDIATE transaction: a single writer, so check and raise cannot interleave."""
+    below = lowered(epochs, _floors_sql(db))
+    if not below:
+        db.executemany(
+            "INSERT INTO policy_epoch_floors (tenant, epoch) VALUES (?, ?) ON CONFLICT (tenant) "
+            "DO UPDATE SET epoch = excluded.epoch WHERE excluded.epoch > policy_epoch_floors.epoch",
+            sorted(epochs.items()))
+    return below
 
 
 class RedisFloorStore:
-    """The floor in one Redis hash, shared by every replica."""
+    """The floor in one Redis hash, shared by every replica, on the process's Redis pool."""
 
     def __init__(self, client: aioredis.Redis, key: str = REDIS_KEY) -> None:
         self.client = client
         self.key = key
         self._script = client.register_script(CHECK_AND_RAISE_LUA)
-
-    @classmethod
-    def open(cls, url: str, timeout_s: float = 2.0) -> RedisFloorStore:
-        return cls(aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s))
 
     async def check_and_raise(self, epochs: Mapping[str, int]) -> dict[str, int]:
         args = [part for name, epoch in sorted(epochs.items()) for part in (name, str(epoch))]
@@ -159,14 +136,17 @@ class RedisFloorStore:
             raise FloorStoreUnavailable(str(error)) from error
         return {name.decode(): int(epoch) for name, epoch in raw.items()}
 
-    async def close(self) -> None:
-        await self.client.aclose()
 
-
-def open_floor_store(redis_url: str | None, state_path: Path) -> FloorStore:
-    if redis_url:
-        return RedisFloorStore.open(redis_url)
-    return SqliteFloorStore(state_path)
+async def open_floor_store(storage: Storage) -> FloorStore:
+    """The floor store on the process's storage (the caller owns and closes the storage)."""
+    if storage.backend is Backend.REDIS:
+        return RedisFloorStore(storage.redis_client())
+    worker = storage.sqlite_worker()
+    try:
+        await worker.run(lambda db: db.execute(SQLITE_SCHEMA))
+    except sqlite3.Error as error:
+        raise FloorStoreUnavailable(str(error)) from error
+    return SqliteFloorStore(worker)
 
 
 async def floor_problems(redis_url: str | None, state_path: Path, policies: PolicySet) -> list[str]:
@@ -174,10 +154,10 @@ async def floor_problems(redis_url: str | None, state_path: Path, policies: Poli
     Nothing to compare with when there is no store yet."""
     if not redis_url and not await asyncio.to_thread(state_path.exists):
         return []
-    store = open_floor_store(redis_url, state_path)
+    storage = await Storage.open(redis_url, state_path)
     try:
-        floors = await store.floors()
+        floors = await (await open_floor_store(storage)).floors()
     finally:
-        await store.close()
+        await storage.close()
     epochs = policy_epochs(policies)
     return describe(lowered(epochs, floors), epochs)

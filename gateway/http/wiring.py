@@ -19,7 +19,7 @@ from gateway.ledger.service import LedgerService
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import ShadowOutcome
-from gateway.policy.loader import PolicySet, load_policy_set
+from gateway.policy.loader import PolicyLoadError, PolicySet, load_policy_set
 from gateway.policy.reloader import PolicyHolder
 from gateway.proxy.balance import UpstreamHealth
 from gateway.proxy.features import Features, RequestFeature
@@ -61,8 +61,13 @@ class State:
 
 async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, genai: OtelGenAIMetrics | None) -> State:
     policies = load_policy_set(Path(settings.policies), os.environ)
-    floors = EpochFloorGuard(open_floor_store(settings.redis_url, settings.state_path))
-    await floors.start(policies)  # a set below a tenant's salt-epoch floor never comes into force
+    storage = await Storage.open(settings.redis_url, settings.state_path)
+    floors = EpochFloorGuard(await open_floor_store(storage))
+    try:
+        await floors.start(policies)  # a set below a tenant's salt-epoch floor never comes into force
+    except PolicyLoadError:
+        await storage.close()
+        raise
     holder = PolicyHolder(Path(settings.policies), policies, metrics, os.environ)
     holder.gate = floors
     holder.listeners.append(floors.on_installed)
@@ -73,7 +78,6 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     session = new_session(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
     tasks = TaskSupervisor("gateway")
     tasks.spawn(holder.watch(settings.reload_interval_s), "policy-watch")
-    storage = await Storage.open(settings.redis_url, settings.state_path)
     ledger = await LedgerService.open(settings, metrics, holder, tasks)
     health = UpstreamHealth()
     shadow = _shadow_runner(settings, metrics, health, tasks, await open_shadow_store(storage))
@@ -129,6 +133,4 @@ async def stop(state: State) -> None:
     await state.shadow.close()
     await state.session.close()
     await state.storage.close()
-    if state.floors is not None:
-        await state.floors.store.close()
     log.info("gateway_stopped")

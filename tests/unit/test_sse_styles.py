@@ -5,7 +5,8 @@ written as `\\uXXXX` escapes (keys included, so `usage` may arrive as `\\u0075sa
 LF, CRLF or CR line ends, `data:` with or without its space, JSON spread over several `data:` lines, comment
 lines and `id:` fields — and fed in arbitrary chunks. TTFT (the chunk that completes the first content event),
 usage and cached tokens, usage-chunk stripping, the shadow text and the assembled reply must all be the same
-as for the stream as captured.
+as for the stream as captured. The same holds for a Responses-API stream (`event:` lines, usage in
+`response.completed`; no capture of that route exists, so it is written here) and for the miss path's peek.
 """
 
 from __future__ import annotations
@@ -16,11 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.proxy.assemble import StreamAssembler
-from gateway.proxy.sse import StreamWatch, Usage, has_content, is_usage_chunk, stream_objects, stream_usage
+from gateway.proxy.sse import (
+    StreamWatch,
+    Usage,
+    first_outcome,
+    has_content,
+    is_usage_chunk,
+    stream_objects,
+    stream_usage,
+)
 from gateway.shadow.compare import generated_text
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.25.0" / "http"
@@ -189,3 +199,67 @@ def test_a_space_after_the_colon_is_not_missed() -> None:
     assert first_end is not None
     assert watch.usage is not None and watch.usage.prompt_tokens > 0
     assert b'"usage"' not in forwarded
+
+
+# -- the Responses API: `event:` lines, usage in `response.completed` (no capture of it exists) ------------
+
+RESPONSE_EVENTS: list[tuple[str, dict[str, Any]]] = [
+    ("response.created", {"response": {"id": "resp_1", "status": "in_progress", "output": [], "usage": None,
+                                       "text": None, "instructions": None}}),
+    ("response.content_part.added", {"item_id": "msg_1", "part": {"type": "output_text", "text": ""}}),
+    ("response.output_text.delta", {"item_id": "msg_1", "delta": "Bonjour", "logprobs": []}),
+    ("response.output_text.delta", {"item_id": "msg_1", "delta": " \u00e0 vous \"\u2603\"", "logprobs": []}),
+    ("response.output_text.done", {"item_id": "msg_1", "text": "Bonjour \u00e0 vous \"\u2603\""}),
+    ("response.completed", {"response": {"id": "resp_1", "status": "completed", "usage": {
+        "input_tokens": 40, "input_tokens_details": {"cached_tokens": 32}, "output_tokens": 2,
+        "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 42}}}),
+]
+
+
+def responses_stream(style: Style) -> list[bytes]:
+    rnd = random.Random(style.seed)
+    prefix = "data: " if style.data_space else "data:"
+    styled = []
+    for kind, payload in RESPONSE_EVENTS:
+        text = encode({"type": kind, **payload}, style, rnd)
+        lines = [f"event: {kind}", *(prefix + line for line in text.split("\n"))]
+        styled.append((style.line_end.join(lines) + style.line_end * 2).encode())
+    return styled
+
+
+@settings(max_examples=100, deadline=None)
+@given(style=styles, sizes=st.lists(st.integers(1, 200), min_size=1, max_size=6))
+def test_responses_streams_in_any_style(style: Style, sizes: list[int]) -> None:
+    styled = responses_stream(style)
+    watch, forwarded, first_end = watch_stream(styled, sizes, strip=False)
+    content_end = sum(len(event) for event in styled[:3]) - (style.line_end == "\r\n")
+    assert first_end is not None and first_end >= content_end
+    assert first_end - content_end < sizes_at(b"".join(styled), sizes, first_end)
+    expected = Usage(prompt_tokens=40, cached_tokens=32, completion_tokens=2)
+    assert watch.usage == expected and stream_usage(forwarded) == expected
+    assert generated_text(forwarded) == "Bonjour \u00e0 vous \"\u2603\""
+
+
+# -- the miss path's peek: content or an error event first --------------------------------------------------
+
+
+@pytest.mark.parametrize("style", [
+    Style(",", ":", 0.0, False, "\n", True, False, 1),
+    Style(", ", ": ", 1.0, True, "\r\n", False, True, 2),
+    Style(",\n", " : ", 0.1, False, "\r", True, False, 3),
+])
+def test_first_outcome_in_any_style(style: Style) -> None:
+    rnd = random.Random(style.seed)
+    prefix = "data: " if style.data_space else "data:"
+
+    def event(value: dict[str, Any]) -> bytes:
+        lines = [prefix + line for line in encode(value, style, rnd).split("\n")]
+        return (style.line_end.join(lines) + style.line_end * 2).encode()
+
+    role = event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+    content = event({"choices": [{"index": 0, "delta": {"content": "Hi"}}]})
+    error = event({"error": {"message": "load failed", "type": "InternalServerError", "code": 500}})
+    assert first_outcome(role) is None
+    assert first_outcome(role + content + error) == "content"
+    assert first_outcome(role + error + content) == "error"
+    assert first_outcome(role + content[:-2]) is None  # not complete yet

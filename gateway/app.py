@@ -34,6 +34,9 @@ from gateway.policy.model import RESERVED_TENANT
 from gateway.policy.reloader import PolicyHolder
 from gateway.proxy import Proxy
 from gateway.record import Exchange, record
+from gateway.reuse.hook import ReuseTraceHook
+from gateway.reuse.store import open_trace_store
+from gateway.reuse.trace import ReuseTrace, TraceMetrics, TraceSettings
 from gateway.routes import FORWARDED_KINDS, ROUTES, Kind, RouteSpec
 from gateway.settings import Settings
 from gateway.shadow.client import ShadowClient
@@ -63,6 +66,7 @@ class State:
     tasks: TaskSupervisor
     shadow: ShadowRunner
     ledger: LedgerService
+    reuse: ReuseTrace | None = None
     ready: bool = True
 
 
@@ -121,7 +125,22 @@ class GatewayApp:
         shadow = self._shadow_runner(health, tasks)
         log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants))
         proxy = Proxy(session, self.secret, health, shadow, ledger.remember_user_salt)
-        return State(holder, self.metrics, session, proxy, tasks, shadow, ledger)
+        reuse = self._reuse_trace(holder, tasks, proxy)
+        return State(holder, self.metrics, session, proxy, tasks, shadow, ledger, reuse)
+
+    def _reuse_trace(self, holder: PolicyHolder, tasks: TaskSupervisor, proxy: Proxy) -> ReuseTrace | None:
+        settings = self.settings
+        if not settings.reuse_trace:
+            return None
+        store = open_trace_store(settings.redis_url, settings.state_path, settings.reuse_max_records)
+        trace_settings = TraceSettings(block_tokens=settings.reuse_block_tokens,
+                                       sample_rate=settings.reuse_sample_rate, max_roots=settings.reuse_max_roots)
+        trace = ReuseTrace(store, self.secret, trace_settings, TraceMetrics(self.metrics.registry),
+                           lambda: holder.current)
+        holder.listeners.append(trace.on_policies)
+        tasks.spawn(trace.run(), "reuse-trace")
+        proxy.after_request.append(ReuseTraceHook(trace))
+        return trace
 
     def _shadow_runner(self, health: UpstreamHealth, tasks: TaskSupervisor) -> ShadowRunner:
         store = open_shadow_store(self.settings.redis_url, self.settings.state_path)
@@ -135,6 +154,8 @@ class GatewayApp:
         _on_sighup(None)
         await state.ledger.close()
         await state.tasks.close()
+        if state.reuse is not None:
+            await state.reuse.close()
         await state.shadow.close()
         await state.session.close()
         log.info("gateway_stopped")

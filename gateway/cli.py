@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit(commands)
     _add_demo(commands)
     _add_loadtest(commands)
+    _add_plan(commands)
     return parser
 
 
@@ -129,6 +130,12 @@ def _add_loadtest(commands: argparse._SubParsersAction[argparse.ArgumentParser])
 
     help_text = "offload A/B protocol through the gateway, with a report"
     loadtest_cli.add_arguments(commands.add_parser("loadtest", help=help_text))
+
+
+def _add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.plan import cli as plan_cli
+
+    plan_cli.add_arguments(commands.add_parser("plan", help="how much RAM the CPU offload tier should get"))
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -41,6 +41,8 @@ from gateway.upstream import open_first_reachable, upstream_errors, upstream_hea
 
 STREAM_FAILURES = (aiohttp.ClientError, TimeoutError)
 UserSaltSink = Callable[[str, int, str], None]
+AfterRequest = Callable[[Exchange, TenantPolicy, RouteSpec, RewrittenRequest | None], None]
+"""Called once a forwarded request has ended (usage known, reply sent); must be cheap and must not raise."""
 RESPONSES_PATH = "/v1/responses"
 
 
@@ -64,6 +66,7 @@ class Proxy:
         self.health = health
         self.shadow = shadow
         self.remember_user_salt = remember_user_salt
+        self.after_request: list[AfterRequest] = []
 
     async def forward(
         self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
@@ -80,6 +83,8 @@ class Proxy:
         finally:
             if slot is not None:
                 slot.set(primary_result(ex))
+            for hook in self.after_request:
+                hook(ex, tenant, route, outbound.prepared)
 
     def _mirror(
         self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec, outbound: Outbound

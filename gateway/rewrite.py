@@ -5,6 +5,7 @@ Only the fields named here change; every other field of the client's JSON is for
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,8 @@ class RewrittenRequest:
     user: str | None
     deterministic: bool
     affinity: str  # salt and the start of the prompt: requests sharing both can share cached blocks
+    # The rewritten JSON object, for end-of-request hooks (the reuse trace renders the prompt from it).
+    parsed: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -68,6 +71,7 @@ def rewrite_request(
         user=user,
         deterministic=_deterministic(request),
         affinity=f"{request.get('cache_salt', tenant.tenant)}:{prompt_prefix(request)}",
+        parsed=request,
     )
 
 

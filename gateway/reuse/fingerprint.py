@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,32 +51,58 @@ def canonical_prompt(request: dict[str, Any]) -> str | list[int] | None:
 
 def fingerprints(key: bytes, prompt: str | list[int], block_size: int, chars_per_token: float) -> list[bytes]:
     """The chained fingerprints of every whole chunk of the prompt (a partial last chunk is not cached by vLLM)."""
+    return _chain(key, prompt_chunks(prompt, block_size, chars_per_token, MAX_CHUNKS))
+
+
+def chunk_units(prompt: str | list[int], block_size: int, chars_per_token: float) -> int:
+    """Tokens (token-id prompts) or characters (text prompts) per chunk."""
+    return block_size if isinstance(prompt, list) else max(1, round(block_size * chars_per_token))
+
+
+def prompt_chunks(prompt: str | list[int], block_size: int, chars_per_token: float, limit: int) -> list[bytes]:
+    """The bytes of the first `limit` whole chunks: what each fingerprint covers."""
+    size = chunk_units(prompt, block_size, chars_per_token)
     if isinstance(prompt, list):
-        return _chain(key, _token_chunks(prompt, block_size))
-    chunk_chars = max(1, round(block_size * chars_per_token))
-    return _chain(key, _text_chunks(prompt, chunk_chars))
+        return _token_chunks(prompt, size, limit)
+    return _text_chunks(prompt, size, limit)
 
 
 def _chain(key: bytes, chunks: Sequence[bytes]) -> list[bytes]:
+    # A keyed BLAKE2b state is set up once and copied per chunk: the same digests as hashing each
+    # `previous + chunk` with the key, without redoing the key block for every chunk.
+    keyed = hashlib.blake2b(digest_size=FINGERPRINT_BYTES, key=key[:64])
     out: list[bytes] = []
     previous = b""
-    for chunk in chunks[:MAX_CHUNKS]:
-        previous = hashlib.blake2b(previous + chunk, digest_size=FINGERPRINT_BYTES, key=key[:64]).digest()
+    for chunk in chunks:
+        state = keyed.copy()
+        state.update(previous)
+        state.update(chunk)
+        previous = state.digest()
         out.append(previous)
     return out
 
 
-def _token_chunks(tokens: list[int], block_size: int) -> list[bytes]:
-    whole = len(tokens) // block_size
-    return [_ids_bytes(tokens[i * block_size : (i + 1) * block_size]) for i in range(whole)]
+def _token_chunks(tokens: list[int], block_size: int, limit: int) -> list[bytes]:
+    whole = min(len(tokens) // block_size, limit)
+    data = _ids_bytes(tokens[: whole * block_size])
+    width = len(data) // max(whole * block_size, 1)
+    step = block_size * width
+    return [data[i * step : (i + 1) * step] for i in range(whole)]
 
 
 def _ids_bytes(ids: list[int]) -> bytes:
-    return b"".join(int(token).to_bytes(4, "little", signed=False) for token in ids)
+    """Token ids as 4-byte little-endian words (8 bytes each when any id needs more than 32 bits)."""
+    try:
+        return struct.pack(f"<{len(ids)}I", *ids)
+    except struct.error:
+        return struct.pack(f"<{len(ids)}Q", *ids)
 
 
-def _text_chunks(text: str, chunk_chars: int) -> list[bytes]:
-    whole = len(text) // chunk_chars
+def _text_chunks(text: str, chunk_chars: int, limit: int) -> list[bytes]:
+    whole = min(len(text) // chunk_chars, limit)
+    if text.isascii():  # one byte per character: encode once and slice
+        data = text.encode("ascii")
+        return [data[i * chunk_chars : (i + 1) * chunk_chars] for i in range(whole)]
     return [text[i * chunk_chars : (i + 1) * chunk_chars].encode("utf-8", "surrogatepass") for i in range(whole)]
 
 

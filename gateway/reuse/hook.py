@@ -1,0 +1,21 @@
+"""The reuse trace's end-of-request hook: one call per forwarded request, after the reply was sent."""
+
+from __future__ import annotations
+
+from gateway.policy.model import TenantPolicy
+from gateway.record import Exchange
+from gateway.reuse.trace import ReuseTrace
+from gateway.rewrite import RewrittenRequest
+from gateway.routes import Kind, RouteSpec
+
+
+class ReuseTraceHook:
+    """Passes successful generation requests to the trace; everything else is not a cache lookup to learn from."""
+
+    def __init__(self, trace: ReuseTrace) -> None:
+        self.trace = trace
+
+    def __call__(self, ex: Exchange, tenant: TenantPolicy, route: RouteSpec, prepared: RewrittenRequest | None) -> None:
+        if prepared is None or route.kind is not Kind.GENERATE or ex.status != 200 or ex.outcome != "ok":
+            return
+        self.trace.observe(tenant.tenant, tenant.cache.salt_epoch, ex.pool, prepared.parsed, ex.usage)

@@ -29,6 +29,7 @@ from gateway.ledger.service import LedgerService
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.otel_metrics import OtelGenAIMetrics
+from gateway.plan.admin import plan_view
 from gateway.policy.loader import KeyGrant, PolicySet, load_policy_set
 from gateway.policy.model import RESERVED_TENANT
 from gateway.policy.reloader import PolicyHolder
@@ -227,6 +228,8 @@ class GatewayApp:
         if route.path == "/admin/audit":
             tenant, since = _audit_query(scope, policies)
             return 200, await state.ledger.audit(policies, tenant, since)
+        if route.path == "/admin/plan":
+            return 200, await plan_view(state.reuse, policies, state.session, scope.get("query_string", b""))
         if route.path == "/admin/reload":
             changed = state.holder.reload()
             return 200, {"reloaded": changed, "policy_version": state.holder.current.version}

@@ -43,6 +43,7 @@ ROUTES: dict[str, RouteSpec] = dict(
         _route("/admin/reload", "POST", "admin", Kind.ADMIN),
         _route("/admin/audit", "GET", "admin", Kind.ADMIN),
         _route("/admin/shadow", "GET", "admin", Kind.ADMIN),
+        _route("/admin/plan", "GET", "admin", Kind.ADMIN),
         _route("/livez", "GET HEAD", None, Kind.HEALTH),
         _route("/readyz", "GET HEAD", None, Kind.HEALTH),
     ]

@@ -130,12 +130,15 @@ def _kv_section(inputs: PlanInputs, notes: Notes) -> dict[str, Any]:
     if per_rank is None:
         notes.warnings.append("KV bytes per token unknown: give --metrics (the upstream's /metrics) or "
                               "--model-config (its config.json); sizes are shown in tokens only")
+    gpu_tokens = inputs.gpu_kv_tokens or (inputs.server.gpu_tokens if inputs.server else None)
     gpu_bytes = inputs.server.kv_cache_memory_bytes if inputs.server is not None else None
+    if inputs.gpu_kv_tokens is not None or gpu_bytes is None:  # sized from the tokens given, when overridden
+        gpu_bytes = round(gpu_tokens * per_rank) if gpu_tokens is not None and per_rank is not None else None
     return {"bytes_per_token": per_rank, "bytes_per_token_source": source, "server_bytes_per_token": server,
             "model_bytes_per_token": model, "tensor_parallel": inputs.tensor_parallel,
             "bytes_per_token_all_ranks": per_rank * inputs.tensor_parallel if per_rank is not None else None,
             "disagreement": disagreement, "gpu_kv_cache_bytes": gpu_bytes,
-            "gpu_kv_cache_tokens": inputs.gpu_kv_tokens or (inputs.server.gpu_tokens if inputs.server else None),
+            "gpu_kv_cache_tokens": gpu_tokens,
             "block_size": inputs.block_size or (inputs.server.block_size if inputs.server else None),
             "offloading_backend": inputs.server.offloading_backend if inputs.server else None,
             "offloading_size_gib": inputs.server.offloading_size_gib if inputs.server else None}

@@ -122,6 +122,6 @@ def _tokens_bytes(tokens: float | None, nbytes: float | None) -> str:
 
 def _window(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
+        if seconds >= size and seconds % size == 0 and (unit != "d" or seconds > 86400):
             return f"{seconds / size:.0f}{unit}"
     return f"{seconds:.0f}s"

@@ -41,6 +41,7 @@ class SqliteTraceStore:
         "CREATE TABLE IF NOT EXISTS reuse_trace (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, ts REAL NOT NULL, "
         "epoch INTEGER NOT NULL, record BLOB NOT NULL)",
         "CREATE INDEX IF NOT EXISTS reuse_trace_tenant ON reuse_trace (tenant, id)",
+        "CREATE INDEX IF NOT EXISTS reuse_trace_tenant_ts ON reuse_trace (tenant, ts)",
     )
     TRIM_SQL = (
         "DELETE FROM reuse_trace WHERE tenant = ? AND id <= "

@@ -18,6 +18,7 @@ or tokens, at most `max_records_pending` records awaiting a write, and per tenan
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,7 +43,7 @@ from gateway.sse import Usage
 
 log = get_logger(__name__)
 OUTCOMES = ("sampled", "unsampled", "no_prompt", "no_usage", "short_prompt", "dropped_queue_full")
-RETENTION_CHECK_S = 30.0
+IDLE_FLUSH_S = 5.0  # without traffic, retention is still applied this often
 RETRY_S = 1.0
 JOBS_PER_SLICE = 8  # chains hashed between two yields to the event loop
 
@@ -112,7 +113,6 @@ class ReuseTrace:
         self._epochs = {name: t.cache.salt_epoch for name, t in policies().tenants.items()}
         self._wake = asyncio.Event()
         self._writing = asyncio.Lock()
-        self._last_retention = 0.0
 
     # -- the request path -------------------------------------------------------------------------------
 
@@ -173,7 +173,8 @@ class ReuseTrace:
     async def run(self) -> None:
         """Hash queued chains, write batches, apply retention; owned by the gateway's task supervisor."""
         while True:
-            await self._wake.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=IDLE_FLUSH_S)
             await self.hash_pending()
             await asyncio.sleep(self.settings.flush_interval_s)
             if not await asyncio.shield(self.flush()):
@@ -227,9 +228,6 @@ class ReuseTrace:
 
     async def _apply_retention(self) -> None:
         now = time.time()
-        if now - self._last_retention < RETENTION_CHECK_S:
-            return
-        self._last_retention = now
         for name, tenant in self._policies().tenants.items():
             if tenant.offload.retention_seconds is not None:
                 await self.store.expire(name, now - tenant.offload.retention_seconds)

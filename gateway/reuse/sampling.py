@@ -17,8 +17,9 @@ import heapq
 import math
 
 FULL_THRESHOLD = 1 << 64
+FLOAT_SLACK = 1 << 12  # a float rate carries 53 bits of the 64-bit threshold
 CPT_GRID_STEPS = 8  # estimate quantised to powers of 2**(1/8): ~9 % steps, so chunking changes rarely
-CPT_MIN_OBSERVATIONS = 4
+CPT_MIN_OBSERVATIONS = 1  # the first answer already says how this tenant tokenizes; later ones refine it
 
 
 def root_value(first_fingerprint: bytes) -> int:
@@ -27,14 +28,16 @@ def root_value(first_fingerprint: bytes) -> int:
 
 
 def threshold_for_rate(rate: float) -> int:
-    return FULL_THRESHOLD if rate >= 1.0 else max(0, int(rate * FULL_THRESHOLD))
+    """The threshold a recorded rate stands for, rounded down past float error: the root that set a threshold
+    (its value equals it, and it was dropped) must stay out of the sample."""
+    return FULL_THRESHOLD if rate >= 1.0 else max(0, int(rate * FULL_THRESHOLD) - FLOAT_SLACK)
 
 
 class ShardsSampler:
     """One tenant's sampler: a threshold and a bounded max-heap of the sampled root values."""
 
     def __init__(self, rate: float, max_roots: int) -> None:
-        self.threshold = threshold_for_rate(rate)
+        self.threshold = FULL_THRESHOLD if rate >= 1.0 else int(rate * FULL_THRESHOLD)
         self.max_roots = max_roots
         self._heap: list[int] = []  # negated values: the largest sampled root on top
         self._roots: set[int] = set()
@@ -67,7 +70,7 @@ class CharsPerToken:
 
     Fingerprints of two requests only match when both were cut at the same chunk size, so the size must not
     follow every request: the running ratio is rounded to a grid of powers of 2**(1/8), and it starts from
-    `default` until a few requests have been seen.
+    `default` until the first answer with usage.
     """
 
     def __init__(self, default: float) -> None:

@@ -29,13 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.log import get_logger
 from gateway.policy.loader import PolicySet
-from gateway.reuse.fingerprint import (
-    MAX_CHUNKS,
-    canonical_prompt,
-    chunk_units,
-    fingerprints,
-    tenant_trace_key,
-)
+from gateway.reuse.fingerprint import PromptParts, canonical_parts, fingerprints, tenant_trace_key
 from gateway.reuse.record import TraceRecord
 from gateway.reuse.sampling import CharsPerToken, ShardsSampler, root_value
 from gateway.reuse.store import TraceStore
@@ -68,12 +62,12 @@ class Job:
     tenant: str
     pool: str
     epoch: int
-    prompt: str | list[int]
+    prompt: PromptParts  # references into the request body; rendered and hashed in the background
+    length: int  # tokens or characters
     usage: Usage
     units: int
     chars_per_token: float
     rate: float
-    first: bytes
 
 
 class TenantTrace:
@@ -123,28 +117,29 @@ class ReuseTrace:
         return outcome
 
     def _admit(self, tenant: str, epoch: int, pool: str, request: dict[str, Any] | None, usage: Usage | None) -> str:
-        prompt = canonical_prompt(request) if request is not None else None
-        if not prompt:
+        parts = canonical_parts(request) if request is not None else None
+        length = parts.units if parts is not None else 0
+        if parts is None or not length:
             return "no_prompt"
         if usage is None or usage.prompt_tokens <= 0:
             return "no_usage"
         state = self._tenant(tenant)
-        text = isinstance(prompt, str)
+        text = parts.ids is None
+        if text:  # observed first: a tenant's very first text request is already cut at its own ratio
+            state.chars_per_token.observe(length, usage.prompt_tokens)
         chars_per_token = state.chars_per_token.current
-        if text:
-            state.chars_per_token.observe(len(prompt), usage.prompt_tokens)
-        units = chunk_units(prompt, self.settings.block_tokens, chars_per_token)
-        if len(prompt) < units:  # not one whole block: nothing vLLM could reuse
+        units = max(1, round(self.settings.block_tokens * chars_per_token)) if text else self.settings.block_tokens
+        if length < units:  # not one whole block: nothing vLLM could reuse
             return "short_prompt"
-        root = fingerprints(state.key, prompt[:units], self.settings.block_tokens, chars_per_token)[0]
+        root = fingerprints(state.key, parts.head(units), self.settings.block_tokens, chars_per_token)[0]
         if not state.sampler.admit(root_value(root)):
             return "unsampled"
-        if len(self._jobs) >= self.settings.max_pending or self._pending_units + len(prompt) > \
-                self.settings.max_pending_units:
+        if len(self._jobs) >= self.settings.max_pending or \
+                self._pending_units + length > self.settings.max_pending_units:
             return "dropped_queue_full"
-        self._jobs.append(Job(time.time(), tenant, pool, epoch, prompt, usage, units, chars_per_token,
-                              state.sampler.rate, root))
-        self._pending_units += len(prompt)
+        self._jobs.append(Job(time.time(), tenant, pool, epoch, parts, length, usage, units, chars_per_token,
+                              state.sampler.rate))
+        self._pending_units += length
         self._wake.set()
         return "sampled"
 
@@ -163,7 +158,7 @@ class ReuseTrace:
             if epoch > self._epochs.get(name, epoch):
                 self._erase[name] = epoch
                 self._jobs = deque(job for job in self._jobs if not (job.tenant == name and job.epoch < epoch))
-                self._pending_units = sum(len(job.prompt) for job in self._jobs)
+                self._pending_units = sum(job.length for job in self._jobs)
                 self._records = [r for r in self._records if not (r.tenant == name and r.epoch < epoch)]
                 self._wake.set()
             self._epochs[name] = epoch
@@ -184,7 +179,7 @@ class ReuseTrace:
         done = 0
         while self._jobs:
             job = self._jobs.popleft()
-            self._pending_units -= len(job.prompt)
+            self._pending_units -= job.length
             self._records.append(self._record(job))
             done += 1
             if done % JOBS_PER_SLICE == 0:
@@ -193,9 +188,9 @@ class ReuseTrace:
 
     def _record(self, job: Job) -> TraceRecord:
         state = self._tenant(job.tenant)
-        chain = fingerprints(state.key, job.prompt, self.settings.block_tokens, job.chars_per_token)[:MAX_CHUNKS]
-        text = isinstance(job.prompt, str)
-        per_chunk = job.units * job.usage.prompt_tokens / len(job.prompt) if text else float(job.units)
+        chain = fingerprints(state.key, job.prompt.whole(), self.settings.block_tokens, job.chars_per_token)
+        text = job.prompt.ids is None
+        per_chunk = job.units * job.usage.prompt_tokens / job.length if text else float(job.units)
         return TraceRecord(ts=job.ts, tenant=job.tenant, pool=job.pool, epoch=job.epoch,
                            prompt_tokens=job.usage.prompt_tokens, cached_tokens=job.usage.cached_tokens,
                            completion_tokens=job.usage.completion_tokens, text=text, chunk_units=job.units,

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from loadtests.scenario.promtext import Samples, accumulating_samples, delta, pick
-from loadtests.scenario.workloads import WorkloadSpec, generate
+from loadtests.scenario.workloads import WorkloadSpec, generate, request_body
 
 MEASURED = ("vllm:prefix_cache_hits_total", "vllm:external_prefix_cache_hits_total", "vllm:prompt_tokens_total",
             "vllm:kv_offload_load_bytes_total", "vllm:kv_offload_store_bytes_total")
@@ -31,6 +31,7 @@ class WorkloadResult:
     usage_prompt_tokens: int = 0
     usage_cached_tokens: int = 0
     upstream_delta: Samples = field(default_factory=dict)
+    per_request: list[tuple[int, int]] = field(default_factory=list)  # (prompt, cached) tokens, in order
 
     @property
     def prompt_tokens(self) -> float:
@@ -73,16 +74,18 @@ async def run_workload(http: httpx.AsyncClient, gateway_url: str, key: str, mode
     for request in generate(spec):
         if spec.rate > 0:
             await _pace(start + request.index / spec.rate)
-        body = {"model": model, "prompt": request.prompt, "max_tokens": max_tokens, "temperature": 0}
-        response = await http.post(f"{gateway_url}/v1/completions", json=body, headers=headers)
+        route, body = request_body(request, spec, model, max_tokens)
+        response = await http.post(f"{gateway_url}{route}", json=body, headers=headers)
         result.requests += 1
         if response.status_code != 200:
             result.failures += 1
             continue
         usage = response.json().get("usage") or {}
-        result.usage_prompt_tokens += int(usage.get("prompt_tokens") or 0)
         details = usage.get("prompt_tokens_details") or {}
-        result.usage_cached_tokens += int(details.get("cached_tokens") or 0)
+        prompt, cached = int(usage.get("prompt_tokens") or 0), int(details.get("cached_tokens") or 0)
+        result.usage_prompt_tokens += prompt
+        result.usage_cached_tokens += cached
+        result.per_request.append((prompt, cached))
     result.finished_at = time.time()
     if metrics_url:
         after = await upstream_samples(http, metrics_url)

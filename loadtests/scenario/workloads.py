@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -61,17 +61,27 @@ Shape = Annotated[HotSetWorkload | ZipfWorkload | ChatWorkload, Field(discrimina
 
 class WorkloadSpec(Strict):
     shape: Shape
+    format: Literal["tokens", "text", "chat"] = "tokens"
+    """tokens: /v1/completions with token ids (exact lengths); text: /v1/completions with the same prompts as
+    words; chat: /v1/chat/completions with one message per segment (document, question, turns)."""
     requests: int = Field(default=200, gt=0)
     rate: float = Field(default=0.0, ge=0)  # requests per second; 0: one after another, as fast as answered
     seed: int = 7
     vocab_size: int = Field(default=32000, gt=16)
 
 
+Segment = tuple[str, list[int]]  # (chat role, token ids)
+
+
 @dataclass(frozen=True)
 class WorkloadRequest:
     index: int
     label: str  # what the prompt is (doc-3, one-off-17, chat-2-turn-4), for reports; never sent
-    prompt: list[int]
+    segments: list[Segment]
+
+    @property
+    def prompt(self) -> list[int]:
+        return [token for _, tokens in self.segments for token in tokens]
 
 
 def generate(spec: WorkloadSpec) -> Iterator[WorkloadRequest]:
@@ -84,30 +94,31 @@ def generate(spec: WorkloadSpec) -> Iterator[WorkloadRequest]:
         stream = _zipf(spec, shape, rng)
     else:
         stream = _chat(spec, shape, rng)
-    for index, (label, prompt) in enumerate(stream):
+    for index, (label, segments) in enumerate(stream):
         if index >= spec.requests:
             return
-        yield WorkloadRequest(index, label, prompt)
+        yield WorkloadRequest(index, label, segments)
 
 
 def _tokens(spec: WorkloadSpec, length: int, *key: object) -> list[int]:
     return token_prompt(spec.seed, spec.vocab_size, length, *key)
 
 
-def _hot_set(spec: WorkloadSpec, shape: HotSetWorkload, rng: random.Random) -> Iterator[tuple[str, list[int]]]:
+def _hot_set(spec: WorkloadSpec, shape: HotSetWorkload, rng: random.Random) -> Iterator[tuple[str, list[Segment]]]:
     docs = [_tokens(spec, shape.doc_tokens, "hot", i) for i in range(shape.hot_docs)]
     index = 0
     while True:
         question = _tokens(spec, shape.question_tokens, "question", index)
         if rng.random() < shape.one_off_share:
-            yield f"one-off-{index}", _tokens(spec, shape.one_off_tokens, "one-off", index) + question
+            yield f"one-off-{index}", [("system", _tokens(spec, shape.one_off_tokens, "one-off", index)),
+                                       ("user", question)]
         else:
             doc = rng.randrange(shape.hot_docs)
-            yield f"hot-{doc}", docs[doc] + question
+            yield f"hot-{doc}", [("system", docs[doc]), ("user", question)]
         index += 1
 
 
-def _zipf(spec: WorkloadSpec, shape: ZipfWorkload, rng: random.Random) -> Iterator[tuple[str, list[int]]]:
+def _zipf(spec: WorkloadSpec, shape: ZipfWorkload, rng: random.Random) -> Iterator[tuple[str, list[Segment]]]:
     weights = [1.0 / (rank + 1) ** shape.alpha for rank in range(shape.docs)]
     docs: dict[int, list[int]] = {}
     index = 0
@@ -115,13 +126,13 @@ def _zipf(spec: WorkloadSpec, shape: ZipfWorkload, rng: random.Random) -> Iterat
         doc = rng.choices(range(shape.docs), weights)[0]
         if doc not in docs:
             docs[doc] = _tokens(spec, shape.doc_tokens, "doc", doc)
-        yield f"doc-{doc}", docs[doc] + _tokens(spec, shape.question_tokens, "question", index)
+        yield f"doc-{doc}", [("system", docs[doc]), ("user", _tokens(spec, shape.question_tokens, "question", index))]
         index += 1
 
 
-def _chat(spec: WorkloadSpec, shape: ChatWorkload, rng: random.Random) -> Iterator[tuple[str, list[int]]]:
-    system = _tokens(spec, shape.system_tokens, "system")
-    histories: list[list[int]] = []
+def _chat(spec: WorkloadSpec, shape: ChatWorkload, rng: random.Random) -> Iterator[tuple[str, list[Segment]]]:
+    system: list[Segment] = [("system", _tokens(spec, shape.system_tokens, "system"))] if shape.system_tokens else []
+    histories: list[list[Segment]] = []
     turns: list[int] = []
     ids: list[int] = []
     next_chat = 0
@@ -133,9 +144,35 @@ def _chat(spec: WorkloadSpec, shape: ChatWorkload, rng: random.Random) -> Iterat
             next_chat += 1
         slot = rng.randrange(len(histories))
         chat, turn = ids[slot], turns[slot]
-        prompt = histories[slot] + _tokens(spec, shape.user_tokens, "user", chat, turn)
-        yield f"chat-{chat}-turn-{turn}", prompt
-        histories[slot] = prompt + _tokens(spec, shape.reply_tokens, "reply", chat, turn)
+        segments = [*histories[slot], ("user", _tokens(spec, shape.user_tokens, "user", chat, turn))]
+        yield f"chat-{chat}-turn-{turn}", segments
+        reply = [("assistant", _tokens(spec, shape.reply_tokens, "reply", chat, turn))] if shape.reply_tokens else []
+        histories[slot] = segments + reply
         turns[slot] += 1
         if turns[slot] >= shape.turns:
             del histories[slot], turns[slot], ids[slot]
+
+
+SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")
+
+
+def words(tokens: list[int]) -> str:
+    """Token ids as words (one word per id, the same word for the same id), for the text and chat formats."""
+    out = []
+    for token in tokens:
+        first, rest = divmod(token, len(SYLLABLES))
+        out.append(SYLLABLES[rest] + SYLLABLES[first % len(SYLLABLES)] + ("" if token % 3 else SYLLABLES[token % 70]))
+    return " ".join(out)
+
+
+def request_body(
+    request: WorkloadRequest, spec: WorkloadSpec, model: str, max_tokens: int
+) -> tuple[str, dict[str, Any]]:
+    """The route and JSON body of one workload request in the spec's format."""
+    common: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0}
+    if spec.format == "tokens":
+        return "/v1/completions", {**common, "prompt": request.prompt}
+    if spec.format == "text":
+        return "/v1/completions", {**common, "prompt": "\n".join(words(tokens) for _, tokens in request.segments)}
+    messages = [{"role": role, "content": words(tokens)} for role, tokens in request.segments]
+    return "/v1/chat/completions", {**common, "messages": messages}

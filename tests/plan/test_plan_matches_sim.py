@@ -20,8 +20,8 @@ import pytest
 
 from gateway.localproc import free_port, kvgate_command
 from loadtests.scenario.workload_run import WorkloadResult, run_workload
+from loadtests.scenario.workload_stack import WORKLOADS, kvgate_plan, sim_argv, started, tier_sizes, wait_for_trace
 from tests.harness import PolicyDir, new_secret
-from tests.plan.workload_stack import WORKLOADS, kvgate_plan, sim_argv, started, tier_sizes, wait_for_trace
 
 TOLERANCE = 0.03
 SIZES = ("below", "at", "above")

@@ -19,8 +19,8 @@ import pytest
 from gateway.localproc import free_port, kvgate_command
 from gateway.reuse.record import TraceRecord, decode_record
 from gateway.reuse.sampling import root_value, threshold_for_rate
+from loadtests.scenario.workload_stack import sim_argv, started
 from tests.harness import PolicyDir, bearer, expected_salt, new_secret
-from tests.plan.workload_stack import sim_argv, started
 
 MARKER = "zebra-quartz-marker"
 
@@ -96,7 +96,7 @@ def test_chains_without_text_or_salts_and_keys_per_tenant(stack: Stack) -> None:
     acme, globex = wait_records(stack.state, "acme", 4), wait_records(stack.state, "globex", 4)
     first, second, ids, chat = acme
     shared = _common_prefix(first.fingerprint_list(), second.fingerprint_list())
-    assert shared == len(doc) // 64 < second.chunks  # the document's whole chunks (default 4 chars/token x 16)
+    assert shared == len(doc) // 16 < second.chunks  # the document's whole chunks (1 char per token x 16)
     assert (ids.text, ids.prompt_tokens, ids.chunks, ids.tokens_per_chunk) == (False, 100, 6, 16.0)
     assert chat.text and first.text
     assert first.prompt_tokens == len((doc + " first question?").encode())  # the simulator: one token per byte
@@ -112,9 +112,9 @@ def test_chunk_size_follows_observed_chars_per_token(stack: Stack) -> None:
     for index in range(5):
         openai_client.completions.create(model="m", prompt=document(30) + f" q{index}", max_tokens=2)
     trace = wait_records(stack.state, "globex", 9)
-    assert trace[0].chunk_units == 64  # 16 tokens x the default 4 characters per token
-    assert trace[-1].chunk_units == 16  # the simulator's 1 character per token, learned from usage
-    assert trace[-1].tokens_per_chunk == pytest.approx(16.0, rel=0.01)
+    text = [record for record in trace if record.text]
+    assert text and all(record.chunk_units == 16 for record in text)  # not 64 = 16 x the default 4 chars/token
+    assert text[-1].tokens_per_chunk == pytest.approx(16.0, rel=0.01)  # the simulator: 1 character per token
 
 
 def test_tenant_forget_erases_the_trace(stack: Stack) -> None:

@@ -1,4 +1,5 @@
-"""A gateway in front of several simulators, and helpers to replay reuse workloads and ask `kvgate plan`."""
+"""Processes for replaying reuse workloads on loopback (tests and benchmarks): simulators and a gateway started
+together, the gateway's reuse trace read back, and the real `kvgate plan` asked about it."""
 
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ WORKLOADS: dict[str, WorkloadSpec] = {
 }
 
 
-def sim_argv(port: int, cpu_bytes: int | None) -> list[str]:
+def sim_argv(port: int, cpu_bytes: int | None, gpu_blocks: int = GPU_BLOCKS, *extra: str) -> list[str]:
     argv = [sys.executable, "-m", "gateway.sim", "--port", str(port), "--model", "m", "--block-size", str(BLOCK),
-            "--gpu-blocks", str(GPU_BLOCKS), "--kv-bytes-per-token", str(KV_BYTES_PER_TOKEN), *SIM_TIMING]
+            "--gpu-blocks", str(gpu_blocks), "--kv-bytes-per-token", str(KV_BYTES_PER_TOKEN), *SIM_TIMING, *extra]
     if cpu_bytes is not None:
         argv += ["--offload", "--cpu-bytes-to-use", str(cpu_bytes)]
     return argv

@@ -22,6 +22,7 @@ from loadtests.scenario.observe import Observer
 from loadtests.scenario.plots import draw_all
 from loadtests.scenario.policies import write_policy_dir
 from loadtests.scenario.progress import Progress
+from loadtests.scenario.reuse import is_reuse_file, run_reuse
 from loadtests.scenario.runner import ProtocolRunner, RawRun
 from loadtests.scenario.stack import self_started_stack
 from loadtests.scenario.summary import build_report
@@ -125,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
             return render_existing(args.render)
         if args.scenario is None:
             raise UsageError("a scenario file is required")
+        if is_reuse_file(args.scenario):  # `kind: reuse`: a reuse workload at several tier sizes (reuse.py)
+            name = args.scenario.stem
+            return run_reuse(args, REPORTS / f"{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
         scenario = load_scenario(args.scenario)
         if args.write_policies is not None:
             return write_policies(args, scenario)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start, stop or restart one arm's vLLM 0.25.0 server on the GPU host (also the runner's restart hook).
 #   vllm_server.sh start|stop|restart offload|control
-# offload: port 8000, KV events PUB 5557 / replay 5558, OffloadingConnector with a 12 GB CPU tier (64-token blocks)
+# offload: port 8000, KV events PUB 5557 / replay 5558, OffloadingConnector with a 12 GB CPU tier (64-token blocks;
+#          CPU_BYTES=<bytes> sets another size)
 # control: port 8001, KV events PUB 5559 / replay 5560, no connector
 # Each server runs in its own session (setsid) so the whole tree (API server + engine core) stops together;
 # its PID goes to $KVG/<arm>.pid, its output is appended to $KVG/logs/<arm>.log.
@@ -20,14 +21,15 @@ case $ARM in
   *) echo "unknown arm $ARM" >&2; exit 2 ;;
 esac
 KV_EVENTS="{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:$EVENTS\",\"replay_endpoint\":\"tcp://*:$((EVENTS + 1))\",\"topic\":\"kv\"}"
-CONNECTOR='{"kv_connector":"OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"block_size":64,"cpu_bytes_to_use":12000000000}}'
+CPU_BYTES=${CPU_BYTES:-12000000000}  # the offload arm's tier; a reuse scenario's runner sets it per run
+CONNECTOR="{\"kv_connector\":\"OffloadingConnector\",\"kv_role\":\"kv_both\",\"kv_connector_extra_config\":{\"block_size\":64,\"cpu_bytes_to_use\":$CPU_BYTES}}"
 
 server_argv() {
   if [ -n "${FAKE_VLLM:-}" ]; then
     ARGV=("$PY" -m gateway sim --port "$PORT" --model m --gpu-blocks 1271 --seed 0
           --kv-events-endpoint "tcp://*:$EVENTS" --kv-events-replay-endpoint "tcp://*:$((EVENTS + 1))"
           --kv-events-topic kv --prefill-us-per-token 27)
-    [ "$ARM" = offload ] && ARGV+=(--offload --cpu-bytes-to-use 12000000000)
+    [ "$ARM" = offload ] && ARGV+=(--offload --cpu-bytes-to-use "$CPU_BYTES")
     return
   fi
   ARGV=("$PY" -m vllm.entrypoints.cli.main serve "$KVG/model" --port "$PORT"

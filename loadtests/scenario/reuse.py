@@ -167,25 +167,38 @@ def compare(plan: dict[str, Any], result: WorkloadResult, tolerance: float) -> d
     return {"predicted": predicted, "measured": measured, "difference": differences,
             "match": bool(known) and len(known) == len(differences) and max(known) <= tolerance,
             "kv_bytes_per_token": plan["kv"]["bytes_per_token"],
-            "server_kv_bytes_per_token": plan["kv"]["server_bytes_per_token"]}
+            "server_kv_bytes_per_token": plan["kv"]["server_bytes_per_token"],
+            "cpu_share_from_load_bytes": _load_bytes_share(plan, result)}
+
+
+def _load_bytes_share(plan: dict[str, Any], result: WorkloadResult) -> float | None:
+    """The CPU tier's share again, from `vllm:kv_offload_load_bytes_total` ÷ KV bytes per token (a cross-check
+    that does not depend on the connector-hit counter)."""
+    loaded = result.upstream_delta.get("vllm:kv_offload_load_bytes_total")
+    per_token = plan["kv"]["bytes_per_token_all_ranks"]
+    if not loaded or not per_token or not result.prompt_tokens:
+        return None
+    return float(loaded / per_token / result.prompt_tokens)
 
 
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# {report['scenario']['name']}: predicted vs measured token shares", "",
              report["scenario"].get("description", "").strip(), "",
              "| cpu_bytes_to_use | GPU predicted | GPU measured | CPU tier predicted | CPU tier measured | "
-             "usage cached | match |", "|---|---|---|---|---|---|---|"]
+             "CPU tier from load bytes | usage cached | match |", "|---|---|---|---|---|---|---|---|"]
     for run in report["runs"]:
         comparison = run["comparison"]
         predicted = comparison.get("predicted") or {}
         measured = comparison["measured"]
         lines.append(f"| {run['cpu_bytes_to_use']:,} | {_pct(predicted.get('gpu_share'))} | "
                      f"{_pct(measured['gpu_share'])} | {_pct(predicted.get('cpu_share'))} | "
-                     f"{_pct(measured['cpu_share'])} | {_pct(run['measured']['usage_cached_share'])} | "
+                     f"{_pct(measured['cpu_share'])} | {_pct(comparison.get('cpu_share_from_load_bytes'))} | "
+                     f"{_pct(run['measured']['usage_cached_share'])} | "
                      f"{comparison['match']} |")
     lines += ["", f"Tolerance: {report['scenario']['tolerance'] * 100:.0f} percentage points. Measured: "
               "`vllm:prefix_cache_hits_total` (GPU) and `vllm:external_prefix_cache_hits_total` (CPU tier) over "
-              "`vllm:prompt_tokens_total`, as deltas around each run.", ""]
+              "`vllm:prompt_tokens_total`, as deltas around each run; the cross-check divides "
+              "`vllm:kv_offload_load_bytes_total` by the KV bytes per token.", ""]
     first = report["runs"][0]["plan"]["kv"] if report["runs"] else {}
     if first:
         lines.append(f"KV bytes per token: plan {first.get('bytes_per_token')}, server "

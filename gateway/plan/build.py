@@ -73,7 +73,7 @@ def build_plan(records: Sequence[TraceRecord], inputs: PlanInputs) -> dict[str, 
             notes.warnings.append("no trace records for this selection: nothing to predict from")
         plan |= {"curve": None, "knee": None, "recommendation": None, "budgets": _budgets(inputs, kv, None, notes)}
     else:
-        plan |= _predict(sample, rate, shape, inputs, kv, notes)
+        plan |= _predict(sample, rate, shape, inputs, kv, plan["working_set"], notes)
     _warn_one_off(plan, notes)
     plan["warnings"], plan["notes"] = notes.warnings, notes.notes
     return plan
@@ -177,7 +177,7 @@ def _cache_shape(inputs: PlanInputs, sample: Sequence[TraceRecord], rate: float,
 
 
 def _predict(sample: Sequence[TraceRecord], rate: float, shape: CacheShape, inputs: PlanInputs,
-             kv: dict[str, Any], notes: Notes) -> dict[str, Any]:
+             kv: dict[str, Any], working_sets: Sequence[dict[str, Any]], notes: Notes) -> dict[str, Any]:
     replayed = replay(sample, shape)
     chunk_tokens = inputs.offload_block_tokens
     distinct_chunks = _distinct_chunk_tokens(sample, shape) / chunk_tokens  # in sampled chunks
@@ -191,7 +191,7 @@ def _predict(sample: Sequence[TraceRecord], rate: float, shape: CacheShape, inpu
         return _point(replayed, chunks_sampled, rate, chunk_tokens, chunk_bytes, sample, inputs, label)
 
     steps = sorted({round(top * i / CURVE_POINTS) for i in range(CURVE_POINTS + 1)} | {knee_chunks})
-    curve = [point(n) for n in steps]
+    curve = [point(n, "knee" if n == knee_chunks else None) for n in steps]
     gpu_tokens = kv["gpu_kv_cache_tokens"]
     evaluated = [point(_chunks_for_bytes(b, chunk_bytes, rate), f"{b} bytes") for b in inputs.evaluate_cpu_bytes] \
         if chunk_bytes is not None else []
@@ -200,7 +200,7 @@ def _predict(sample: Sequence[TraceRecord], rate: float, shape: CacheShape, inpu
     knee = point(knee_chunks, "knee")
     budgets = _budgets(inputs, kv, knee, notes)
     recommendation = _recommend(knee, unbounded.cpu_share, gpu_tokens, chunk_bytes, budgets, kv, rate, replayed,
-                                sample, inputs, notes)
+                                sample, inputs, notes, working_sets)
     return {"curve": curve, "evaluated": evaluated, "knee": knee, "budgets": budgets,
             "recommendation": recommendation,
             "unbounded_cpu_share": unbounded.cpu_share, "gpu_only_share": shares_at(replayed, 0).gpu_share}
@@ -288,7 +288,8 @@ def _budgets(inputs: PlanInputs, kv: dict[str, Any], knee: dict[str, Any] | None
 
 def _recommend(knee: dict[str, Any], best: float, gpu_tokens: int | None, chunk_bytes: float | None,
                budgets: dict[str, Any], kv: dict[str, Any], rate: float, replayed: Sequence[RequestReplay],
-               sample: Sequence[TraceRecord], inputs: PlanInputs, notes: Notes) -> dict[str, Any]:
+               sample: Sequence[TraceRecord], inputs: PlanInputs, notes: Notes,
+               working_sets: Sequence[dict[str, Any]]) -> dict[str, Any]:
     reasons: list[str] = []
     bpt_all = kv["bytes_per_token_all_ranks"]
     if best < NOT_WORTH:
@@ -302,6 +303,16 @@ def _recommend(knee: dict[str, Any], best: float, gpu_tokens: int | None, chunk_
     size = float(knee["cpu_bytes"])
     reasons.append(f"the tier serves {knee['cpu_share']:.1%} of prompt tokens at {_gb(size)} — {KNEE_SHARE:.0%} of "
                    f"the {best:.1%} an unbounded tier would; more RAM buys little")
+    returning = max((w["returning_bytes"] or 0.0 for w in working_sets), default=0.0)
+    if returning and size > 1.5 * returning:
+        reasons.append(f"that is {size / returning:.1f}x the prefixes that actually return ({_gb(returning)}): "
+                       "blocks that never come back pass through the same LRU tier and push the useful ones out; "
+                       "not storing one-off prompts would shrink the tier needed")
+    current = _current_tier(inputs, kv)
+    if current is not None:
+        today = _point(replayed, _chunks_for_bytes(current, chunk_bytes, rate), rate, inputs.offload_block_tokens,
+                       chunk_bytes, sample, inputs, "current")
+        reasons.append(f"today's tier of {_gb(current)} serves {today['cpu_share']:.1%}")
     gpu_bytes = gpu_tokens * bpt_all if gpu_tokens is not None else None
     if gpu_bytes is not None and size < gpu_bytes:
         reasons.append(f"raised to the GPU KV cache ({_gb(gpu_bytes)}): a CPU-only tier smaller than the GPU cache "
@@ -322,10 +333,14 @@ def _recommend(knee: dict[str, Any], best: float, gpu_tokens: int | None, chunk_
             "point": point}
 
 
+def _current_tier(inputs: PlanInputs, kv: dict[str, Any]) -> int | None:
+    if inputs.current_cpu_bytes is not None:
+        return inputs.current_cpu_bytes
+    return int(kv["offloading_size_gib"] * 2**30) if kv["offloading_size_gib"] is not None else None
+
+
 def _warn_current(inputs: PlanInputs, kv: dict[str, Any], notes: Notes) -> None:
-    current = inputs.current_cpu_bytes
-    if current is None and kv["offloading_size_gib"] is not None:
-        current = int(kv["offloading_size_gib"] * 2**30)
+    current = _current_tier(inputs, kv)
     gpu = kv["gpu_kv_cache_bytes"]
     if current is not None and gpu is not None and current < gpu:
         notes.warnings.append(f"the CPU tier in use ({_gb(current)}) is smaller than the GPU KV cache ({_gb(gpu)}): "
@@ -342,6 +357,8 @@ def _warn_one_off(plan: dict[str, Any], notes: Notes) -> None:
     largest = max((w["returning_bytes"] or 0.0 for w in windows), default=0.0)
     if limit is not None and largest > limit:
         notes.warnings.append(f"the working set ({_gb(largest)}) is beyond the host's RAM ({_gb(limit)})")
+    elif limit is None:
+        notes.notes.append("the working set was not checked against the host's RAM (unknown: give --host-ram)")
 
 
 def _gb(value: float) -> str:

@@ -323,10 +323,11 @@ def _recommend(knee: dict[str, Any], best: float, gpu_tokens: int | None, chunk_
         notes.warnings.append(f"the recommended tier ({_gb(size)}) is more than the RAM left for it ({_gb(limit)}); "
                               "capped there")
         reasons.append(f"capped at the RAM the budgets leave ({_gb(limit)})")
-        size = max(0.0, limit)
-    elif limit is None:
-        reasons.append("not checked against host RAM (unknown: give --host-ram)")
-    size = math.ceil(size / chunk_bytes) * chunk_bytes if size > 0 else 0.0
+        size = math.floor(max(0.0, limit) / chunk_bytes) * chunk_bytes  # whole chunks, within the limit
+    else:
+        if limit is None:
+            reasons.append("not checked against host RAM (unknown: give --host-ram)")
+        size = math.ceil(size / chunk_bytes) * chunk_bytes  # whole chunks: what the connector allocates
     point = _point(replayed, _chunks_for_bytes(int(size), chunk_bytes, rate), rate, inputs.offload_block_tokens,
                    chunk_bytes, sample, inputs, "recommended")
     return {"cpu_bytes_to_use": int(size), "kv_offloading_size_gib": size / 2**30, "reasons": reasons,

@@ -3,6 +3,8 @@ retention, the SHARDS bound, and `GET /admin/plan`."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import sqlite3
 import subprocess
@@ -19,8 +21,10 @@ import pytest
 from gateway.localproc import free_port, kvgate_command
 from gateway.reuse.record import TraceRecord, decode_record
 from gateway.reuse.sampling import root_value, threshold_for_rate
+from gateway.reuse.store import RedisTraceStore
 from loadtests.scenario.workload_stack import sim_argv, started
 from tests.harness import PolicyDir, bearer, expected_salt, new_secret
+from tests.ledger.redis_proc import RedisProcess
 
 MARKER = "zebra-quartz-marker"
 
@@ -197,3 +201,41 @@ def _common_prefix(left: list[bytes], right: list[bytes]) -> int:
 
 def _all(trace: list[TraceRecord]) -> list[bytes]:
     return [fp for record in trace for fp in record.fingerprint_list()]
+
+
+def test_trace_in_redis_read_by_kvgate_plan_and_erased_by_forget(tmp_path: Path) -> None:
+    redis_server = RedisProcess(tmp_path / "redis").start()
+    try:
+        for stack in _stack(tmp_path, {"KVGATE_REDIS_URL": redis_server.url}):
+            openai_client = client(stack, "acme")
+            for index in range(3):
+                openai_client.completions.create(model="m", prompt=[5 + index] * 48, max_tokens=2)
+            deadline = time.monotonic() + 30
+            while len(redis_records(redis_server.url, "acme")) < 3:
+                assert time.monotonic() < deadline, "the trace never reached Redis"
+                time.sleep(0.1)
+            assert not records(stack.state, "acme")  # nothing in the SQLite file
+            env = {**os.environ, "KVGATE_REDIS_URL": redis_server.url, "KVGATE_STATE_PATH": str(stack.state)}
+            done = subprocess.run([sys.executable, "-m", "gateway", "plan", "--tenant", "acme", "--format", "json",
+                                   "--metrics", f"{stack.sim_url}/metrics"], env=env, capture_output=True, text=True,
+                                  timeout=60, check=False)
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["trace"]["records"] == 3
+            done = subprocess.run([sys.executable, "-m", "gateway", "tenant", "forget", "acme", "--policies",
+                                   str(stack.policies.root)], env=env, capture_output=True, text=True, timeout=60,
+                                  check=False)
+            assert done.returncode == 0 and "erased 3 reuse-trace records" in done.stdout, done.stderr
+            assert redis_records(redis_server.url, "acme") == []
+    finally:
+        redis_server.stop()
+
+
+def redis_records(url: str, tenant: str) -> list[TraceRecord]:
+    async def read() -> list[TraceRecord]:
+        store = RedisTraceStore(url)
+        try:
+            return await store.read(tenant, None)
+        finally:
+            await store.close()
+
+    return asyncio.run(read())

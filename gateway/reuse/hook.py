@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from gateway.log import get_logger
 from gateway.policy.model import TenantPolicy
 from gateway.record import Exchange
 from gateway.reuse.trace import ReuseTrace
 from gateway.rewrite import RewrittenRequest
 from gateway.routes import Kind, RouteSpec
+
+log = get_logger(__name__)
 
 
 class ReuseTraceHook:
@@ -18,4 +21,8 @@ class ReuseTraceHook:
     def __call__(self, ex: Exchange, tenant: TenantPolicy, route: RouteSpec, prepared: RewrittenRequest | None) -> None:
         if prepared is None or route.kind is not Kind.GENERATE or ex.status != 200 or ex.outcome != "ok":
             return
-        self.trace.observe(tenant.tenant, tenant.cache.salt_epoch, ex.pool, prepared.parsed, ex.usage)
+        try:
+            self.trace.observe(tenant.tenant, tenant.cache.salt_epoch, ex.pool, prepared.parsed, ex.usage)
+        except Exception as error:  # the reply is already sent: a trace bug must not touch the request's outcome
+            self.trace.metrics.requests.labels(tenant.tenant, "error").inc()
+            log.warning("reuse_trace_failed", request_id=ex.request_id, error=type(error).__name__)

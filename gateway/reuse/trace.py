@@ -36,7 +36,7 @@ from gateway.reuse.store import TraceStore
 from gateway.sse import Usage
 
 log = get_logger(__name__)
-OUTCOMES = ("sampled", "unsampled", "no_prompt", "no_usage", "short_prompt", "dropped_queue_full")
+OUTCOMES = ("sampled", "unsampled", "no_prompt", "no_usage", "short_prompt", "dropped_queue_full", "error")
 IDLE_FLUSH_S = 5.0  # without traffic, retention is still applied this often
 RETRY_S = 1.0
 JOBS_PER_SLICE = 8  # chains hashed between two yields to the event loop

@@ -92,6 +92,9 @@ async def plan_from_args(args: argparse.Namespace, settings: Settings) -> dict[s
     prefill = 1.0 / args.prefill_tokens_per_s if args.prefill_tokens_per_s else (
         prefill_seconds_per_token(metrics_text) if metrics_text else None)
     since = args.since.timestamp() if args.since else None
+    if not settings.redis_url and not settings.state_path.exists():
+        raise PlanError(f"no trace store at {settings.state_path} (set KVGATE_STATE_PATH, or KVGATE_REDIS_URL, as "
+                        "the gateway has them)")
     records = await read_trace(settings, args.tenant, since)
     inputs = PlanInputs(windows_s=windows, server=server, model=shape, prefill_s_per_token=prefill,
                         host_ram_bytes=args.host_ram, weights_bytes=args.weights_bytes, headroom_bytes=args.headroom,

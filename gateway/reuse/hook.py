@@ -22,7 +22,8 @@ class ReuseTraceHook:
         if prepared is None or route.kind is not Kind.GENERATE or ex.status != 200 or ex.outcome != "ok":
             return
         try:
-            self.trace.observe(tenant.tenant, tenant.cache.salt_epoch, ex.pool, prepared.parsed, ex.usage)
+            user = prepared.user if tenant.cache.isolation == "user" else None
+            self.trace.observe(tenant.tenant, tenant.cache.salt_epoch, ex.pool, prepared.parsed, ex.usage, user)
         except Exception as error:  # the reply is already sent: a trace bug must not touch the request's outcome
             self.trace.metrics.requests.labels(tenant.tenant, "error").inc()
             log.warning("reuse_trace_failed", request_id=ex.request_id, error=type(error).__name__)

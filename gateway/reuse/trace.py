@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import time
 from collections import deque
 from collections.abc import Callable
@@ -68,6 +70,7 @@ class Job:
     units: int
     chars_per_token: float
     rate: float
+    key: bytes  # the tenant's fingerprint key (per end user when the tenant's cache is isolated per user)
 
 
 class TenantTrace:
@@ -110,13 +113,17 @@ class ReuseTrace:
 
     # -- the request path -------------------------------------------------------------------------------
 
-    def observe(self, tenant: str, epoch: int, pool: str, request: dict[str, Any] | None, usage: Usage | None) -> str:
-        """Note one finished generation request; returns the outcome it was counted under."""
-        outcome = self._admit(tenant, epoch, pool, request, usage)
+    def observe(self, tenant: str, epoch: int, pool: str, request: dict[str, Any] | None, usage: Usage | None,
+                user: str | None = None) -> str:
+        """Note one finished generation request; returns the outcome it was counted under. `user` is given for
+        tenants whose cache is isolated per end user: their blocks are never shared, so neither are their
+        fingerprints."""
+        outcome = self._admit(tenant, epoch, pool, request, usage, user)
         self.metrics.requests.labels(tenant, outcome).inc()
         return outcome
 
-    def _admit(self, tenant: str, epoch: int, pool: str, request: dict[str, Any] | None, usage: Usage | None) -> str:
+    def _admit(self, tenant: str, epoch: int, pool: str, request: dict[str, Any] | None, usage: Usage | None,
+               user: str | None) -> str:
         parts = canonical_parts(request) if request is not None else None
         length = parts.units if parts is not None else 0
         if parts is None or not length:
@@ -131,14 +138,15 @@ class ReuseTrace:
         units = max(1, round(self.settings.block_tokens * chars_per_token)) if text else self.settings.block_tokens
         if length < units:  # not one whole block: nothing vLLM could reuse
             return "short_prompt"
-        root = fingerprints(state.key, parts.head(units), self.settings.block_tokens, chars_per_token)[0]
+        key = state.key if user is None else hmac.new(state.key, b"user:" + user.encode(), hashlib.sha256).digest()
+        root = fingerprints(key, parts.head(units), self.settings.block_tokens, chars_per_token)[0]
         if not state.sampler.admit(root_value(root)):
             return "unsampled"
         if len(self._jobs) >= self.settings.max_pending or \
                 self._pending_units + length > self.settings.max_pending_units:
             return "dropped_queue_full"
         self._jobs.append(Job(time.time(), tenant, pool, epoch, parts, length, usage, units, chars_per_token,
-                              state.sampler.rate))
+                              state.sampler.rate, key))
         self._pending_units += length
         self._wake.set()
         return "sampled"
@@ -187,8 +195,7 @@ class ReuseTrace:
         self._bound_records()
 
     def _record(self, job: Job) -> TraceRecord:
-        state = self._tenant(job.tenant)
-        chain = fingerprints(state.key, job.prompt.whole(), self.settings.block_tokens, job.chars_per_token)
+        chain = fingerprints(job.key, job.prompt.whole(), self.settings.block_tokens, job.chars_per_token)
         text = job.prompt.ids is None
         per_chunk = job.units * job.usage.prompt_tokens / job.length if text else float(job.units)
         return TraceRecord(ts=job.ts, tenant=job.tenant, pool=job.pool, epoch=job.epoch,

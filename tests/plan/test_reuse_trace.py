@@ -43,6 +43,7 @@ def _stack(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[Stack]
     policies = PolicyDir(tmp_path / "policies", {"main": {"upstreams": [f"http://127.0.0.1:{sim_port}"]}})
     for tenant in ("acme", "globex", "forgetme"):
         policies.add_tenant(tenant)
+    policies.add_tenant("peruser", cache={"isolation": "user"})
     policies.add_tenant("brief", offload={"retention_seconds": 2})
     policies.add_tenant("root", scopes=("admin",))
     policies.write()
@@ -109,6 +110,15 @@ def test_chains_without_text_or_salts_and_keys_per_tenant(stack: Stack) -> None:
     assert MARKER.encode() not in stored
     for tenant in ("acme", "globex"):
         assert expected_salt(stack.secret, tenant).encode() not in stored
+
+
+def test_per_user_isolation_keeps_users_apart(stack: Stack) -> None:
+    openai_client = client(stack, "peruser")
+    for user in ("ann", "bob", "ann"):
+        openai_client.completions.create(model="m", prompt=list(range(3, 83)), max_tokens=2, user=user)
+    ann, bob, ann_again = wait_records(stack.state, "peruser", 3)
+    assert ann.chain == ann_again.chain  # the same user's cache is shared with herself
+    assert not set(ann.fingerprint_list()) & set(bob.fingerprint_list())  # vLLM would not share these blocks
 
 
 def test_chunk_size_follows_observed_chars_per_token(stack: Stack) -> None:

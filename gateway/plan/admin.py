@@ -8,6 +8,7 @@ host budgets `host_ram`, `weights_bytes`, `headroom`, `cache_process_rss`, `curr
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -37,7 +38,7 @@ async def plan_view(trace: ReuseTrace | None, policies: PolicySet, session: aioh
     metrics = await _upstream_metrics(session, policies.gateway.pools[pool].upstreams[0])
     server = server_cache_from_metrics(metrics) if metrics else None
     prefill = inputs.prefill_s_per_token or (prefill_seconds_per_token(metrics) if metrics else None)
-    inputs = PlanInputs(**{**inputs.__dict__, "server": server, "prefill_s_per_token": prefill, "pool": pool})
+    inputs = dataclasses.replace(inputs, server=server, prefill_s_per_token=prefill, pool=pool)
     plan = await asyncio.to_thread(build_plan, records, inputs)
     if metrics is None:
         plan["warnings"].append(f"could not read /metrics of pool {pool!r}'s first upstream")

@@ -167,6 +167,11 @@ def test_retention_removes_old_records(stack: Stack) -> None:
 
 
 def test_admin_plan(stack: Stack) -> None:
+    openai_client = client(stack, "acme")
+    before = len(records(stack.state, "acme"))
+    for index in range(4):
+        openai_client.completions.create(model="m", prompt=list(range(10, 200)) + [index] * 20, max_tokens=2)
+    wait_records(stack.state, "acme", before + 4)
     admin = bearer(stack.policies.keys["root"])
     reply = httpx.get(f"{stack.url}/admin/plan?tenant=acme&window=1m,1h&cpu_bytes=1000000000", headers=admin,
                       timeout=60)

@@ -33,11 +33,11 @@ from typing import Any
 import httpx
 import zmq
 
+from gateway.devtools.loadtest.workload_run import WorkloadResult, run_workload
+from gateway.devtools.loadtest.workload_stack import BLOCK, WORKLOADS, sim_argv, started, wait_for_trace
+from gateway.devtools.localproc import free_port, free_port_pair, kvgate_command
 from gateway.kvevents.wire import BatchDecoder, BlockStored, open_envelope, replay_request
-from gateway.localproc import free_port, free_port_pair, kvgate_command
 from gateway.reuse.record import TraceRecord, decode_record
-from loadtests.scenario.workload_run import WorkloadResult, run_workload
-from loadtests.scenario.workload_stack import BLOCK, WORKLOADS, sim_argv, started, wait_for_trace
 from tests.harness import PolicyDir, new_secret
 
 FORMATS = ("tokens", "text", "chat")

@@ -1,6 +1,7 @@
 """What the reuse trace costs per request: the synchronous part on the request path, and the deferred hashing.
 
-`ReuseTrace.observe` (what the end-of-request hook calls) is timed in-process on real request bodies, for
+The reuse-trace feature's request-path work — `canonical_parts` at the start of the request and
+`ReuseTrace.observe` at its end — is timed in-process on real request bodies, for
 prompts of several shapes and sizes, in three regimes:
 
 - `new roots, sampled`: every request starts a new prefix chain and the sampler keeps it (worst case for the
@@ -30,9 +31,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from gateway.policy.loader import PolicySet, load_policy_set
+from gateway.proxy.sse import Usage
+from gateway.reuse.fingerprint import canonical_parts
 from gateway.reuse.store import SqliteTraceStore
 from gateway.reuse.trace import ReuseTrace, TraceMetrics, TraceSettings
-from gateway.sse import Usage
+from gateway.storage.sqlite import SqliteWorker
 
 BATCH = 100
 WORDS = ("cache", "tier", "block", "prefix", "token", "offload", "memory", "request", "tenant", "policy")
@@ -75,7 +78,7 @@ def measure(trace: ReuseTrace, requests: list[dict[str, Any]], usage: Usage) -> 
     for start in range(0, len(requests), BATCH):
         batch = requests[start : start + BATCH]
         began = time.perf_counter_ns()
-        outcomes = [trace.observe("acme", 1, "main", body, usage) for body in batch]
+        outcomes = [trace.observe("acme", 1, "main", canonical_parts(body), usage) for body in batch]
         per_batch.append((time.perf_counter_ns() - began) / len(batch) / 1000)
         sampled += outcomes.count("sampled")
         began = time.perf_counter_ns()
@@ -113,7 +116,8 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as folder:
         policy_set = policies(Path(folder) / "policies")
-        store = SqliteTraceStore(Path(folder) / "state.sqlite3")
+        worker = asyncio.run(SqliteWorker.open(Path(folder) / "state.sqlite3"))
+        store = asyncio.run(SqliteTraceStore.open(worker))
         cases: list[tuple[str, int]] = [("text", 1000), ("text", 8000), ("chat", 1000), ("chat", 8000),
                                         ("ids", 1000), ("ids", 8000)]
         for shape, tokens in cases:
@@ -122,7 +126,7 @@ def main() -> int:
                 row = regime(store, policy_set, shape, tokens, kind, count)
                 results.append(row)
                 _print(row)
-        asyncio.run(store.close())
+        asyncio.run(worker.close())
     if args.out:
         args.out.write_text(json.dumps({"results": results, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                   time.gmtime())}, indent=1))

@@ -14,8 +14,8 @@ from urllib.parse import parse_qs
 
 import aiohttp
 
-from gateway.audit_cli import parse_since
 from gateway.errors import BadRequest, NotFound
+from gateway.isotime import parse_since
 from gateway.plan.build import H200_LINK_BYTES_PER_S, PlanInputs, build_plan
 from gateway.plan.kvsize import prefill_seconds_per_token, server_cache_from_metrics
 from gateway.plan.workingset import parse_window

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from gateway.audit_cli import parse_since
+from gateway.isotime import parse_since
 from gateway.plan.build import H200_LINK_BYTES_PER_S, PlanInputs, build_plan
 from gateway.plan.kvsize import (
     ConfigError,
@@ -24,7 +24,7 @@ from gateway.plan.kvsize import (
 from gateway.plan.render import render
 from gateway.plan.workingset import parse_window
 from gateway.reuse.record import TraceRecord
-from gateway.reuse.store import open_trace_store
+from gateway.reuse.store import trace_store_for
 from gateway.settings import Settings
 
 
@@ -107,11 +107,8 @@ async def plan_from_args(args: argparse.Namespace, settings: Settings) -> dict[s
 
 
 async def read_trace(settings: Settings, tenant: str | None, since: float | None) -> list[TraceRecord]:
-    store = open_trace_store(settings.redis_url, settings.state_path)
-    try:
+    async with trace_store_for(settings.redis_url, settings.state_path) as store:
         return await store.read(tenant, since)
-    finally:
-        await store.close()
 
 
 async def _metrics_text(source: str) -> str:

@@ -25,17 +25,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.log import get_logger
 from gateway.policy.loader import PolicySet
-from gateway.reuse.fingerprint import PromptParts, canonical_parts, fingerprints, tenant_trace_key
+from gateway.proxy.sse import Usage
+from gateway.reuse.fingerprint import PromptParts, fingerprints, tenant_trace_key
 from gateway.reuse.record import TraceRecord
 from gateway.reuse.sampling import CharsPerToken, ShardsSampler, root_value
 from gateway.reuse.store import TraceStore
-from gateway.sse import Usage
 
 log = get_logger(__name__)
 OUTCOMES = ("sampled", "unsampled", "no_prompt", "no_usage", "short_prompt", "dropped_queue_full", "error")
@@ -113,18 +112,17 @@ class ReuseTrace:
 
     # -- the request path -------------------------------------------------------------------------------
 
-    def observe(self, tenant: str, epoch: int, pool: str, request: dict[str, Any] | None, usage: Usage | None,
+    def observe(self, tenant: str, epoch: int, pool: str, parts: PromptParts | None, usage: Usage | None,
                 user: str | None = None) -> str:
         """Note one finished generation request; returns the outcome it was counted under. `user` is given for
         tenants whose cache is isolated per end user: their blocks are never shared, so neither are their
         fingerprints."""
-        outcome = self._admit(tenant, epoch, pool, request, usage, user)
+        outcome = self._admit(tenant, epoch, pool, parts, usage, user)
         self.metrics.requests.labels(tenant, outcome).inc()
         return outcome
 
-    def _admit(self, tenant: str, epoch: int, pool: str, request: dict[str, Any] | None, usage: Usage | None,
+    def _admit(self, tenant: str, epoch: int, pool: str, parts: PromptParts | None, usage: Usage | None,
                user: str | None) -> str:
-        parts = canonical_parts(request) if request is not None else None
         length = parts.units if parts is not None else 0
         if parts is None or not length:
             return "no_prompt"
@@ -245,6 +243,5 @@ class ReuseTrace:
             self.metrics.rate.labels(name).set(state.sampler.rate)
 
     async def close(self) -> None:
-        """Write what is still held, then close the store. Call after the `run` task is cancelled."""
+        """Write what is still held (the store belongs to the process's Storage). Call after `run` is cancelled."""
         await self.flush()
-        await self.store.close()

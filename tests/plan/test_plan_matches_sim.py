@@ -18,9 +18,16 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.localproc import free_port, kvgate_command
-from loadtests.scenario.workload_run import WorkloadResult, run_workload
-from loadtests.scenario.workload_stack import WORKLOADS, kvgate_plan, sim_argv, started, tier_sizes, wait_for_trace
+from gateway.devtools.loadtest.workload_run import WorkloadResult, run_workload
+from gateway.devtools.loadtest.workload_stack import (
+    WORKLOADS,
+    kvgate_plan,
+    sim_argv,
+    started,
+    tier_sizes,
+    wait_for_trace,
+)
+from gateway.devtools.localproc import free_port, kvgate_command
 from tests.harness import PolicyDir, new_secret
 
 TOLERANCE = 0.03  # the bar

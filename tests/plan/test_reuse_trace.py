@@ -18,11 +18,11 @@ import httpx
 import openai
 import pytest
 
-from gateway.localproc import free_port, kvgate_command
+from gateway.devtools.loadtest.workload_stack import sim_argv, started
+from gateway.devtools.localproc import free_port, kvgate_command
 from gateway.reuse.record import TraceRecord, decode_record
 from gateway.reuse.sampling import root_value, threshold_for_rate
-from gateway.reuse.store import RedisTraceStore
-from loadtests.scenario.workload_stack import sim_argv, started
+from gateway.reuse.store import trace_store_for
 from tests.harness import PolicyDir, bearer, expected_salt, new_secret
 from tests.ledger.redis_proc import RedisProcess
 
@@ -247,10 +247,7 @@ def test_trace_in_redis_read_by_kvgate_plan_and_erased_by_forget(tmp_path: Path)
 
 def redis_records(url: str, tenant: str) -> list[TraceRecord]:
     async def read() -> list[TraceRecord]:
-        store = RedisTraceStore(url)
-        try:
+        async with trace_store_for(url, Path("unused.sqlite3")) as store:
             return await store.read(tenant, None)
-        finally:
-            await store.close()
 
     return asyncio.run(read())

@@ -2,9 +2,9 @@
 
 Split in two so the request path stays cheap (loadtests/reuse_trace_cost.py measures it):
 
-- `observe` runs at the end of a request, on the request path: it renders the prompt (a reference for text
-  and token-id prompts), hashes only the *first* chunk, asks the tenant's SHARDS sampler whether that root
-  is sampled, and queues the request. Everything it could refuse is counted in
+- `observe` runs at the end of a request, on the request path (called by gateway/reuse/feature.py with the
+  prompt's parts, references taken when the request started): it hashes only the *first* chunk, asks the
+  tenant's SHARDS sampler whether that root is sampled, and queues the request. Everything it could refuse is counted in
   `kvgate_reuse_trace_requests_total{tenant,outcome}`.
 - `run`, an owned background task, hashes the rest of each queued chain (yielding to the event loop
   between requests), and writes records to the store in batches; it also applies the tenants' retention and

@@ -104,6 +104,10 @@ def _consistent_sample(records: Sequence[TraceRecord], notes: Notes) -> tuple[fl
         notes.notes.append(f"the trace holds {total:,} fingerprints; replayed a {rate:.3g} sample of its prefix roots")
     threshold = threshold_for_rate(rate)
     kept = [r for r in records if r.chain and root_value(r.chain[:8]) < threshold]
+    if rate < 1.0:
+        notes.notes.append(f"sampled at {rate:.3g} (whole prefix chains, caches scaled alike): each share carries a "
+                           "95 % bound from the spread between sampled prefixes; popular prefixes left out of the "
+                           "sample can move a share further than that (docs/plan.md)")
     return rate, kept
 
 

@@ -1,47 +1,49 @@
-"""The reuse trace's request feature: at the start of a generation request it takes references to the prompt;
-when the request has ended (reply sent, usage known) it hands them to the trace."""
+"""Offload admission as a request feature: a `returning` tenant's request whose prefix has not returned often
+enough stores nothing in the offload tier (`kv_transfer_params.max_offload_tokens: 0`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.log import get_logger
-from gateway.outcomes import Outcome
+from gateway.metrics import GatewayMetrics
 from gateway.proxy.features import Call, Finish, RequestFeature
 from gateway.proxy.record import Exchange
-from gateway.reuse.fingerprint import PromptParts, canonical_parts
-from gateway.reuse.trace import ReuseTrace
+from gateway.reuse.fingerprint import canonical_prompt
+from gateway.reuse.shared import Admission, rule_of
 from gateway.routes import Kind
 
-log = get_logger(__name__)
+
+def refuse_offload(request: dict[str, Any]) -> None:
+    """Store nothing of this request in the offload tier (the client's and the policy's caps were already applied)."""
+    params = request.get("kv_transfer_params")
+    request["kv_transfer_params"] = {**(params if isinstance(params, dict) else {}), "max_offload_tokens": 0}
 
 
-class ReuseTraceFeature(RequestFeature):
-    name = "reuse-trace"
+class AdmissionFeature(RequestFeature):
+    name = "offload-admission"
 
-    def __init__(self, trace: ReuseTrace) -> None:
-        self.trace = trace
+    def __init__(self, admission: Admission, metrics: GatewayMetrics) -> None:
+        self.admission = admission
+        self.metrics = metrics
 
-    def start(self, call: Call, request: dict[str, Any]) -> Finish | None:
-        if call.route.kind is not Kind.GENERATE:
+    async def prepare(self, call: Call, request: dict[str, Any]) -> Finish | None:
+        policy = call.tenant.offload.admission
+        if policy.mode != "returning" or call.route.kind is not Kind.GENERATE:
             return None
-        try:
-            parts = canonical_parts(request)
-        except Exception as error:  # a body the renderer cannot walk is counted, never raised into the request
-            self._failed(call, error)
-            return None
-        return lambda ex: self._finish(call, parts, ex)
+        tenant = call.tenant.tenant
+        rule = rule_of(policy)
+        key = self.admission.key_for(tenant, canonical_prompt(request), rule.prefix_chunks)
+        result, store_failed = await self.admission.admit(tenant, key, rule)
+        self.metrics.offload_admission.labels(tenant, result.decision).inc()
+        if store_failed:
+            self.metrics.offload_admission_errors.labels(tenant).inc()
+        if not result.admitted:
+            refuse_offload(request)
+        return _noting(result.decision)
 
-    def _finish(self, call: Call, parts: PromptParts | None, ex: Exchange) -> None:
-        if ex.status != 200 or ex.outcome is not Outcome.OK:
-            return  # not a completed cache lookup: nothing to learn from
-        tenant = call.tenant
-        user = call.user if tenant.cache.isolation == "user" else None  # users whose blocks are never shared
-        try:
-            self.trace.observe(tenant.tenant, tenant.cache.salt_epoch, call.pool_name, parts, ex.usage, user)
-        except Exception as error:  # the reply is already sent: a trace bug must not touch the request's outcome
-            self._failed(call, error)
 
-    def _failed(self, call: Call, error: Exception) -> None:
-        self.trace.metrics.requests.labels(call.tenant.tenant, "error").inc()
-        log.warning("reuse_trace_failed", request_id=call.request_id, error=type(error).__name__)
+def _noting(decision: str) -> Finish:
+    def finish(ex: Exchange) -> None:
+        ex.admission = decision
+
+    return finish

@@ -311,7 +311,8 @@ def _recommend(knee: dict[str, Any], best: float, gpu_tokens: int | None, chunk_
     if returning and size > 1.5 * returning:
         reasons.append(f"that is {size / returning:.1f}x the prefixes that actually return ({_gb(returning)}): "
                        "blocks that never come back pass through the same LRU tier and push the useful ones out; "
-                       "not storing one-off prompts would shrink the tier needed")
+                       "offload admission (offload.admission.mode: returning) keeps one-off prompts out of the "
+                       "tier and would shrink the size needed")
     current = _current_tier(inputs, kv)
     if current is not None:
         today = _point(replayed, _chunks_for_bytes(current, chunk_bytes, rate), rate, inputs.offload_block_tokens,

@@ -2,7 +2,8 @@
 
 Query: `tenant`, `since` (ISO time), `window` (e.g. `10m,1h,24h`), `pool`, `cpu_bytes` (repeatable), and the
 host budgets `host_ram`, `weights_bytes`, `headroom`, `cache_process_rss`, `current_cpu_bytes` (bytes),
-`link_gbps`, `prefill_tokens_per_s`. What cannot be read stays null in the answer, never 0.
+`link_gbps`, `prefill_tokens_per_s`, `server_ignores_max_load` (true|false). What cannot be read stays null in
+the answer, never 0.
 """
 
 from __future__ import annotations
@@ -65,11 +66,15 @@ def _inputs(query: dict[str, list[str]], policies: PolicySet) -> PlanInputs:
     evaluated = [_positive_int(value, "cpu_bytes") for value in query.get("cpu_bytes", [])[:MAX_EVALUATED]]
     link = _positive_float(_one(query, "link_gbps"), "link_gbps")
     prefill = _positive_float(_one(query, "prefill_tokens_per_s"), "prefill_tokens_per_s")
+    ignores = _one(query, "server_ignores_max_load")
+    if ignores not in (None, "true", "false"):
+        raise BadRequest("server_ignores_max_load must be true or false.", param="server_ignores_max_load")
     return PlanInputs(windows_s=windows, host_ram_bytes=sizes["host_ram"], weights_bytes=sizes["weights_bytes"],
                       headroom_bytes=sizes["headroom"], cache_process_rss_bytes=sizes["cache_process_rss"],
                       current_cpu_bytes=sizes["current_cpu_bytes"], evaluate_cpu_bytes=evaluated,
                       link_bytes_per_s=link * 1e9 if link else H200_LINK_BYTES_PER_S,
-                      prefill_s_per_token=1.0 / prefill if prefill else None, pool=pool, tenant=tenant, since=since)
+                      prefill_s_per_token=1.0 / prefill if prefill else None, pool=pool, tenant=tenant, since=since,
+                      honour_max_load=ignores != "true")
 
 
 def _one(query: dict[str, list[str]], name: str) -> str | None:

@@ -43,6 +43,7 @@ class PlanInputs:
     offload_block_tokens: int = 64
     tensor_parallel: int = 1
     link_bytes_per_s: float = H200_LINK_BYTES_PER_S
+    honour_max_load: bool = True  # False for servers that ignore kv_transfer_params.max_load_tokens (vLLM 0.25)
     pool: str | None = None
     tenant: str | None = None
     since: float | None = None
@@ -182,7 +183,8 @@ def _cache_shape(inputs: PlanInputs, sample: Sequence[TraceRecord], rate: float,
 
 def _predict(sample: Sequence[TraceRecord], rate: float, shape: CacheShape, inputs: PlanInputs,
              kv: dict[str, Any], working_sets: Sequence[dict[str, Any]], notes: Notes) -> dict[str, Any]:
-    replayed = replay(sample, shape)
+    replayed = replay(sample, shape, inputs.honour_max_load)
+    _note_caps(sample, inputs, notes)
     chunk_tokens = inputs.offload_block_tokens
     distinct_chunks = _distinct_chunk_tokens(sample, shape) / chunk_tokens  # in sampled chunks
     top = max(1, math.ceil(distinct_chunks * 1.05))
@@ -208,6 +210,17 @@ def _predict(sample: Sequence[TraceRecord], rate: float, shape: CacheShape, inpu
     return {"curve": curve, "evaluated": evaluated, "knee": knee, "budgets": budgets,
             "recommendation": recommendation,
             "unbounded_cpu_share": unbounded.cpu_share, "gpu_only_share": shares_at(replayed, 0).gpu_share}
+
+
+def _note_caps(sample: Sequence[TraceRecord], inputs: PlanInputs, notes: Notes) -> None:
+    capped = sum(1 for r in sample if r.max_offload_tokens is not None)
+    loads = sum(1 for r in sample if r.max_load_tokens is not None)
+    if capped:
+        notes.notes.append(f"{capped / len(sample):.0%} of requests limited what the tier stores "
+                           "(max_offload_tokens, from policy caps or offload admission); modelled")
+    if loads:
+        how = "modelled" if inputs.honour_max_load else "ignored, as this server does (--server-ignores-max-load)"
+        notes.notes.append(f"{loads / len(sample):.0%} of requests carried max_load_tokens; {how}")
 
 
 def _distinct_chunk_tokens(sample: Sequence[TraceRecord], shape: CacheShape) -> float:

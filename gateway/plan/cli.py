@@ -49,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--gpu-kv-tokens", type=int, help="GPU KV cache size in tokens (default: from --metrics)")
     source.add_argument("--block-size", type=int, help="GPU block size (default: from --metrics)")
     source.add_argument("--offload-block-tokens", type=int, default=64, help="the tier's block size (default 64)")
+    source.add_argument("--server-ignores-max-load", action="store_true",
+                        help="the server ignores kv_transfer_params.max_load_tokens (vLLM 0.25; see kvgate doctor)")
     budget = parser.add_argument_group("host budgets (unknown unless given)")
     budget.add_argument("--host-ram", type=int, metavar="BYTES", help="RAM of the host running vLLM")
     budget.add_argument("--weights-bytes", type=int, metavar="BYTES", help="model weights held in host RAM")
@@ -102,7 +104,7 @@ async def plan_from_args(args: argparse.Namespace, settings: Settings) -> dict[s
                         evaluate_cpu_bytes=args.cpu_bytes, gpu_kv_tokens=args.gpu_kv_tokens,
                         block_size=args.block_size, offload_block_tokens=args.offload_block_tokens,
                         tensor_parallel=args.tensor_parallel, link_bytes_per_s=args.link_gbps * 1e9, pool=args.pool,
-                        tenant=args.tenant, since=since)
+                        tenant=args.tenant, since=since, honour_max_load=not args.server_ignores_max_load)
     return build_plan(records, inputs)
 
 

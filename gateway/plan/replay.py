@@ -45,6 +45,7 @@ class RequestReplay:
     start_offset: int  # tokens of the first looked-up chunk already covered by the GPU hit
     chunk_tokens: float
     root: bytes
+    max_load: int | None = None  # the request's max_load_tokens, when the server honours it
 
 
 @dataclass
@@ -165,8 +166,12 @@ class StackDistances:
         self._position += 1
 
 
-def replay(records: Sequence[TraceRecord], shape: CacheShape) -> list[RequestReplay]:
-    """The GPU hit of every request, and the CPU-tier stack distances of the chunks it would look up."""
+def replay(records: Sequence[TraceRecord], shape: CacheShape, honour_max_load: bool = True) -> list[RequestReplay]:
+    """The GPU hit of every request, and the CPU-tier stack distances of the chunks it would look up.
+
+    A request stores only the chunks within its `max_offload_tokens` (none at 0, as offload admission sends for a
+    prefix that has not returned). Approximation: a request that stores nothing does not refresh the chunks it
+    loads either (the connector does touch them), so such traffic is modelled a little pessimistically."""
     gpu = GpuModel(shape.gpu_blocks)
     total_refs = sum(_chunk_count(r, shape) for r in records)
     cpu = StackDistances(total_refs)
@@ -180,10 +185,12 @@ def replay(records: Sequence[TraceRecord], shape: CacheShape) -> list[RequestRep
         chunk_tokens = per_chunk * record.tokens_per_chunk
         start = int(gpu_hit // chunk_tokens)
         distances = [cpu.distance(key) for key in keys[start:]]
-        for key in keys:
+        limit = record.max_offload_tokens
+        for key in keys if limit is None else keys[: int(limit // chunk_tokens)]:
             cpu.reference(key)
         out.append(RequestReplay(record.prompt_tokens, gpu_hit, distances, int(gpu_hit - start * chunk_tokens),
-                                 chunk_tokens, chain[0] if chain else b""))
+                                 chunk_tokens, chain[0] if chain else b"",
+                                 record.max_load_tokens if honour_max_load else None))
     return out
 
 
@@ -210,7 +217,7 @@ def shares_at(replayed: Sequence[RequestReplay], cpu_chunks: int) -> TierShares:
 
 
 def _cpu_loaded(request: RequestReplay, cpu_chunks: int) -> float:
-    if cpu_chunks <= 0:
+    if cpu_chunks <= 0 or request.max_load == 0:
         return 0.0
     run = 0
     for distance in request.cpu_distances:
@@ -218,6 +225,9 @@ def _cpu_loaded(request: RequestReplay, cpu_chunks: int) -> float:
             break
         run += 1
     loaded = run * request.chunk_tokens - request.start_offset
+    if request.max_load is not None:  # whole chunks within the cap, as the connector rounds it
+        end = min(request.gpu_hit + loaded, request.gpu_hit + request.max_load)
+        loaded = math.floor(end / request.chunk_tokens) * request.chunk_tokens - request.gpu_hit
     if loaded < request.chunk_tokens - 1e-9:
         return 0.0
     return min(loaded, float(request.prompt_tokens - request.gpu_hit))

@@ -22,6 +22,9 @@ class TraceRecord(msgspec.Struct, frozen=True, array_like=True):
     tokens_per_chunk: float  # exact for token ids; for text, chunk characters × this request's tokens per char
     rate: float  # sampling rate in force when it was recorded
     chain: bytes
+    # kv_transfer_params as sent (policy caps, and offload admission's 0 for a prefix that has not returned):
+    max_offload_tokens: int | None = None  # the tier stores only chunks within the first N prompt tokens
+    max_load_tokens: int | None = None  # the tier loads at most N tokens (a server may ignore it: vLLM 0.25 does)
 
     @property
     def chunks(self) -> int:

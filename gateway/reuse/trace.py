@@ -41,6 +41,7 @@ OUTCOMES = ("sampled", "unsampled", "no_prompt", "no_usage", "short_prompt", "dr
 IDLE_FLUSH_S = 5.0  # without traffic, retention is still applied this often
 RETRY_S = 1.0
 JOBS_PER_SLICE = 8  # chains hashed between two yields to the event loop
+TransferCaps = tuple[int | None, int | None]  # (max_offload_tokens, max_load_tokens) of a request
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class Job:
     chars_per_token: float
     rate: float
     key: bytes  # the tenant's fingerprint key (per end user when the tenant's cache is isolated per user)
+    caps: TransferCaps  # (max_offload_tokens, max_load_tokens) as sent upstream
 
 
 class TenantTrace:
@@ -113,16 +115,16 @@ class ReuseTrace:
     # -- the request path -------------------------------------------------------------------------------
 
     def observe(self, tenant: str, epoch: int, pool: str, parts: PromptParts | None, usage: Usage | None,
-                user: str | None = None) -> str:
+                user: str | None = None, caps: TransferCaps = (None, None)) -> str:
         """Note one finished generation request; returns the outcome it was counted under. `user` is given for
         tenants whose cache is isolated per end user: their blocks are never shared, so neither are their
         fingerprints."""
-        outcome = self._admit(tenant, epoch, pool, parts, usage, user)
+        outcome = self._admit(tenant, epoch, pool, parts, usage, user, caps)
         self.metrics.requests.labels(tenant, outcome).inc()
         return outcome
 
     def _admit(self, tenant: str, epoch: int, pool: str, parts: PromptParts | None, usage: Usage | None,
-               user: str | None) -> str:
+               user: str | None, caps: TransferCaps) -> str:
         length = parts.units if parts is not None else 0
         if parts is None or not length:
             return "no_prompt"
@@ -144,7 +146,7 @@ class ReuseTrace:
                 self._pending_units + length > self.settings.max_pending_units:
             return "dropped_queue_full"
         self._jobs.append(Job(time.time(), tenant, pool, epoch, parts, length, usage, units, chars_per_token,
-                              state.sampler.rate, key))
+                              state.sampler.rate, key, caps))
         self._pending_units += length
         self._wake.set()
         return "sampled"
@@ -199,7 +201,8 @@ class ReuseTrace:
         return TraceRecord(ts=job.ts, tenant=job.tenant, pool=job.pool, epoch=job.epoch,
                            prompt_tokens=job.usage.prompt_tokens, cached_tokens=job.usage.cached_tokens,
                            completion_tokens=job.usage.completion_tokens, text=text, chunk_units=job.units,
-                           tokens_per_chunk=per_chunk, rate=job.rate, chain=b"".join(chain))
+                           tokens_per_chunk=per_chunk, rate=job.rate, chain=b"".join(chain),
+                           max_offload_tokens=job.caps[0], max_load_tokens=job.caps[1])
 
     async def flush(self) -> bool:
         """Hash what is queued, apply erasures and retention, write the batch; False (batch kept) on failure."""

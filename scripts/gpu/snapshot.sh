@@ -5,7 +5,10 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 STAGE=${STAGE:-$ROOT/.stage}
-OVERLAY=(gateway/loadtest_cli.py loadtests/scenario loadtests/scenarios scripts/gpu)
+OVERLAY=()
+for path in gateway/loadtest_cli.py gateway/cli/loadtest.py loadtests/scenario loadtests/scenarios scripts/gpu; do
+  if [ -e "$ROOT/$path" ]; then OVERLAY+=("$path"); fi   # the CLI module moves with the layer layout
+done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 git -C "$ROOT" archive HEAD | tar -x -C "$TMP"

@@ -165,7 +165,7 @@ run_one() {  # run_one RUN SCENARIO_COPY OFFLOAD_SETTING CONTROL_SETTING FRESH
     echo "| $run | servers did not come up | $(( $(date +%s) - t_start )) s | |" >> "$OUT/summary.md"; return
   fi
   local ups=(--upstream offload=http://127.0.0.1:8000 --upstream control=http://127.0.0.1:8001)
-  gw -m loadtests.scenario "$scenario" --write-policies "$dir/policies" "${ups[@]}" \
+  gw -m gateway.devtools.loadtest "$scenario" --write-policies "$dir/policies" "${ups[@]}" \
     --kv-events offload=tcp://127.0.0.1:5557 --kv-events control=tcp://127.0.0.1:5559 > "$dir/policies.log" 2>&1 \
     || { tail -5 "$dir/policies.log"; echo "| $run | policy write failed | | |" >> "$OUT/summary.md"; return; }
   start_gateway "$dir" || { echo "| $run | gateway did not start | | |" >> "$OUT/summary.md"; return; }
@@ -174,7 +174,7 @@ run_one() {  # run_one RUN SCENARIO_COPY OFFLOAD_SETTING CONTROL_SETTING FRESH
   [ "$limit" -gt "${RUN_T:-330}" ] && limit=${RUN_T:-330}
   log "$run: scenario (at most $limit s)"
   timeout "$limit" env PYTHONPATH="$KVG/gw-site:$KVG/src" PYTHONUNBUFFERED=1 \
-    "$PY" -m loadtests.scenario "$scenario" --out "$dir/report" --plain \
+    "$PY" -m gateway.devtools.loadtest "$scenario" --out "$dir/report" --plain \
     --gateway http://127.0.0.1:8080 --access "$dir/policies/keys.json" "${ups[@]}" \
     --pid-file offload="$KVG/offload.pid" --pid-file control="$KVG/control.pid" \
     --restart-cmd "offload=bash $KVG/src/scripts/gpu/vllm_server.sh restart offload" \

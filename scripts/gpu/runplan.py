@@ -3,7 +3,7 @@
 Usage (from the source root, with kvgate's packages importable):
     python scripts/gpu/runplan.py OUT_DIR SCENARIO[@cpu_bytes_to_use=N][@fresh=reset|restart|keep] ...
 
-Each scenario file is validated as the runner will load it. Its `server:` block (loadtests/scenario/server.py)
+Each scenario file is validated as the runner will load it. Its `server:` block (gateway/devtools/loadtest/server.py)
 says what each arm's vLLM server runs with; a list of offload tier sizes expands into one run per size. For each run
 this writes OUT_DIR/<run>.yaml (the scenario with the run's name and its concrete server settings) and prints
     RUN<TAB>SCENARIO_COPY<TAB>OFFLOAD_SETTING<TAB>CONTROL_SETTING<TAB>FRESH
@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from loadtests.scenario.model import ScenarioError, load_scenario
-from loadtests.scenario.server import ServerSpec, arm_setting
+from gateway.devtools.loadtest.model import ScenarioError, load_scenario
+from gateway.devtools.loadtest.server import ServerSpec, arm_setting
 
 
 def parse_entry(entry: str) -> tuple[Path, dict[str, str]]:

@@ -6,8 +6,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 STAGE=${STAGE:-$ROOT/.stage}
 OVERLAY=()
-for path in gateway/loadtest_cli.py gateway/cli/loadtest.py loadtests/scenario loadtests/scenarios scripts/gpu; do
-  if [ -e "$ROOT/$path" ]; then OVERLAY+=("$path"); fi   # the CLI module moves with the layer layout
+for path in gateway/cli/loadtest.py gateway/devtools/loadtest loadtests/scenarios loadtests/hotscan scripts/gpu; do
+  if [ -e "$ROOT/$path" ]; then OVERLAY+=("$path"); fi   # loadtests/hotscan: the admission runner, where present
 done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT

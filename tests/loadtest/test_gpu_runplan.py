@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadtests.scenario.model import load_scenario
+from gateway.devtools.loadtest.model import load_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 RUNPLAN = REPO / "scripts" / "gpu" / "runplan.py"

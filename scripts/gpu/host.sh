@@ -14,7 +14,8 @@
 #      SCENARIOS (space-separated scenario files, each optionally PATH@cpu_bytes_to_use=N[/M]@fresh=reset|restart|
 #      keep; see scripts/gpu/runplan.py), DEADLINE_S (seconds after start by which results must be packed, default
 #      550), RUN_T (longest one scenario may take, default 330), WAITUP (longest wait for a booting server, 240),
-#      AFTER_RUN (shell run after each scenario while its gateway is up; sees RUN, RUN_DIR, GW_URL, KEYS),
+#      AFTER_RUN (shell run after each scenario while its gateway is up; sees RUN, RUN_DIR, KEYS and run_env's
+#      variables: GATEWAY, OFFLOAD_URL, POLICIES, ...),
 #      FAKE_VLLM=1 (CPU dry run on kvgate sim), PY (python, default python3), SKIP_INSTALL=1 (use PY's packages).
 #
 # Time budget of `run` (one command may take 600 s; DEADLINE_S leaves ~50 s of margin, and collect() always runs):
@@ -154,44 +155,49 @@ prepare_servers() {  # prepare_servers OFFLOAD_SETTING CONTROL_SETTING FRESH RUN
   wait_servers "$budget" "${restart[@]}"
 }
 
-run_one() {  # run_one RUN SCENARIO_COPY OFFLOAD_SETTING CONTROL_SETTING FRESH
-  local run=$1 scenario=$2 dir=$KVG/runs/$1 t_start; t_start=$(date +%s)
+run_env() {  # run_env RUN_DIR SCENARIO: what a runner's commands see (runplan.py writes them; see server.py)
+  export SCENARIO=$2 POLICIES=$1/policies REPORT=$1/report GATEWAY=http://127.0.0.1:8080 \
+    OFFLOAD_URL=http://127.0.0.1:8000 CONTROL_URL=http://127.0.0.1:8001 \
+    OFFLOAD_EVENTS=tcp://127.0.0.1:5557 CONTROL_EVENTS=tcp://127.0.0.1:5559 \
+    OFFLOAD_PIDFILE=$KVG/offload.pid CONTROL_PIDFILE=$KVG/control.pid \
+    RESTART_OFFLOAD="bash $KVG/src/scripts/gpu/vllm_server.sh restart offload" \
+    RESTART_CONTROL="bash $KVG/src/scripts/gpu/vllm_server.sh restart control" \
+    RESET_OFFLOAD="bash $KVG/src/scripts/gpu/vllm_server.sh reset offload" \
+    RESET_CONTROL="bash $KVG/src/scripts/gpu/vllm_server.sh reset control"
+}
+
+run_one() {  # run_one RUN SCENARIO_COPY OFFLOAD_SETTING CONTROL_SETTING FRESH RUNNER
+  local run=$1 dir=$KVG/runs/$1 t_start; t_start=$(date +%s)
   mkdir -p "$dir"
   if [ "$(left)" -lt "${MIN_RUN_S:-60}" ]; then
     log "$run: skipped, $(left) s left before the deadline"; echo "| $run | skipped (deadline) | | |" >> "$OUT/summary.md"; return
   fi
-  log "=== $run: offload=$3 control=$4 fresh=$5"
+  log "=== $run ($6): offload=$3 control=$4 fresh=$5"
   if ! prepare_servers "$3" "$4" "$5" "$dir"; then
     echo "| $run | servers did not come up | $(( $(date +%s) - t_start )) s | |" >> "$OUT/summary.md"; return
   fi
-  local ups=(--upstream offload=http://127.0.0.1:8000 --upstream control=http://127.0.0.1:8001)
-  gw -m gateway.devtools.loadtest "$scenario" --write-policies "$dir/policies" "${ups[@]}" \
-    --kv-events offload=tcp://127.0.0.1:5557 --kv-events control=tcp://127.0.0.1:5559 > "$dir/policies.log" 2>&1 \
+  run_env "$dir" "$2"
+  PYTHONPATH=$KVG/gw-site:$KVG/src PYTHONUNBUFFERED=1 bash "$KVG/plan/$run.policies.sh" > "$dir/policies.log" 2>&1 \
     || { tail -5 "$dir/policies.log"; echo "| $run | policy write failed | | |" >> "$OUT/summary.md"; return; }
   start_gateway "$dir" || { echo "| $run | gateway did not start | | |" >> "$OUT/summary.md"; return; }
   capture "$dir" before
   local limit=$(( $(left) - 15 )) rc
   [ "$limit" -gt "${RUN_T:-330}" ] && limit=${RUN_T:-330}
-  log "$run: scenario (at most $limit s)"
-  timeout "$limit" env PYTHONPATH="$KVG/gw-site:$KVG/src" PYTHONUNBUFFERED=1 \
-    "$PY" -m gateway.devtools.loadtest "$scenario" --out "$dir/report" --plain \
-    --gateway http://127.0.0.1:8080 --access "$dir/policies/keys.json" "${ups[@]}" \
-    --pid-file offload="$KVG/offload.pid" --pid-file control="$KVG/control.pid" \
-    --restart-cmd "offload=bash $KVG/src/scripts/gpu/vllm_server.sh restart offload" \
-    --restart-cmd "control=bash $KVG/src/scripts/gpu/vllm_server.sh restart control" \
-    > "$dir/loadtest.log" 2>&1
+  log "$run: traffic (at most $limit s): $(head -c 200 "$KVG/plan/$run.run.sh")"
+  PYTHONPATH=$KVG/gw-site:$KVG/src PYTHONUNBUFFERED=1 timeout "$limit" bash "$KVG/plan/$run.run.sh" > "$dir/loadtest.log" 2>&1
   rc=$?
   tail -15 "$dir/loadtest.log"
   capture "$dir" after
   if [ -n "${AFTER_RUN:-}" ]; then
-    RUN=$run RUN_DIR=$dir GW_URL=http://127.0.0.1:8080 KEYS=$dir/policies/keys.json \
-      timeout 60 bash -c "$AFTER_RUN" > "$dir/after_run.log" 2>&1; tail -5 "$dir/after_run.log"
+    RUN=$run RUN_DIR=$dir KEYS=$dir/policies/keys.json timeout 60 bash -c "$AFTER_RUN" > "$dir/after_run.log" 2>&1
+    tail -5 "$dir/after_run.log"
   fi
   stop_gateway
   local verdict="rc $rc$([ "$rc" = 124 ] && echo ' (timed out)')"
   echo "| $run | $verdict | $(( $(date +%s) - t_start )) s | offload=$3 control=$4 |" >> "$OUT/summary.md"
-  { echo; echo "# $run ($verdict)"; echo; cat "$dir/report/report.md" 2>/dev/null || tail -40 "$dir/loadtest.log"; } \
-    >> "$OUT/reports.md"
+  { echo; echo "# $run ($6, $verdict)"; echo
+    cat "$dir/report/report.md" 2>/dev/null || cat "$dir/report/summary.md" 2>/dev/null || tail -40 "$dir/loadtest.log"
+  } >> "$OUT/reports.md"
   log "$run: done, $verdict"
 }
 
@@ -212,7 +218,7 @@ run_scenarios() {  # plan the runs, boot the servers for the first, run each, co
     cat "$KVG/logs/runplan.log"; echo "| runplan | failed: $(head -c 300 "$KVG/logs/runplan.log") | | |" >> "$OUT/summary.md"
     collect; exit 26
   fi
-  log "runs:"; cut -f1,3,4,5 "$KVG/runs.tsv"
+  log "runs:"; cut -f1,3- "$KVG/runs.tsv"
   local first_offload first_control
   IFS=$'\t' read -r _ _ first_offload first_control _ < "$KVG/runs.tsv"
   SETTING=$first_offload srv start offload; sleep 3; SETTING=$first_control srv start control
@@ -221,9 +227,9 @@ run_scenarios() {  # plan the runs, boot the servers for the first, run each, co
     grep -hE "GPU KV cache size|OffloadingConnector|CPUOffloadingSpec|LMCache|FlashAttention version|Allocating" \
       "$KVG/logs/offload.log" | head -12
     capture "$KVG/runs" boot
-    local run scenario offload control fresh
-    while IFS=$'\t' read -r run scenario offload control fresh; do
-      run_one "$run" "$scenario" "$offload" "$control" "$fresh"
+    local run scenario offload control fresh runner
+    while IFS=$'\t' read -r run scenario offload control fresh runner; do
+      run_one "$run" "$scenario" "$offload" "$control" "$fresh" "$runner" < /dev/null
     done < "$KVG/runs.tsv"
   else
     echo "| boot | servers did not come up in ${WAITUP:-240} s | | |" >> "$OUT/summary.md"

@@ -41,9 +41,10 @@ def rows(result: subprocess.CompletedProcess[str]) -> list[list[str]]:
 
 def test_defaults_match_the_offload_ab_servers(tmp_path: Path) -> None:
     scenario = write(tmp_path / "plain.yaml")
-    [[name, copy, offload, control, fresh]] = rows(runplan(tmp_path / "plan", str(scenario)))
-    assert (name, offload, control, fresh) == ("plain", "offloading:12000000000", "none", "reset")
+    [[name, copy, offload, control, fresh, runner]] = rows(runplan(tmp_path / "plan", str(scenario)))
+    assert (name, offload, control, fresh, runner) == ("plain", "offloading:12000000000", "none", "reset", "loadtest")
     assert load_scenario(Path(copy)).server.offload.cpu_bytes_to_use == 12_000_000_000
+    assert "-m gateway.devtools.loadtest" in (tmp_path / "plan" / "plain.run.sh").read_text()
 
 
 def test_a_list_of_sizes_is_one_run_per_size_in_order(tmp_path: Path) -> None:
@@ -58,15 +59,36 @@ def test_a_list_of_sizes_is_one_run_per_size_in_order(tmp_path: Path) -> None:
 
 def test_overrides_on_the_command_line_win(tmp_path: Path) -> None:
     scenario = write(tmp_path / "adm.yaml", server={"offload": {"cpu_bytes_to_use": 8_000_000_000}})
-    [[_, _, offload, _, fresh]] = rows(runplan(tmp_path / "plan", f"{scenario}@cpu_bytes_to_use=3e9@fresh=restart"))
+    [[_, _, offload, _, fresh, _]] = rows(runplan(tmp_path / "plan", f"{scenario}@cpu_bytes_to_use=3e9@fresh=restart"))
     assert (offload, fresh) == ("offloading:3000000000", "restart")
 
 
 def test_per_arm_connectors(tmp_path: Path) -> None:
     scenario = write(tmp_path / "two.yaml", server={"offload": {"connector": "lmcache", "cpu_bytes_to_use": 5e9},
                                                     "control": {"connector": "offloading"}})
-    [[_, _, offload, control, _]] = rows(runplan(tmp_path / "plan", str(scenario)))
+    [[_, _, offload, control, _, _]] = rows(runplan(tmp_path / "plan", str(scenario)))
     assert (offload, control) == ("lmcache:5000000000", "offloading:12000000000")
+
+
+def test_other_runners_keep_their_own_fields_and_get_their_commands(tmp_path: Path) -> None:
+    # a hot-plus-scan file has fields the loadtest model would refuse; only its server block is checked
+    scenario = tmp_path / "adm.yaml"
+    scenario.write_text(yaml.safe_dump({"name": "adm", "workload": {"hot_docs": 3}, "arms": {"all": {}},
+                                        "server": {"runner": "hotscan", "cpu_bytes_to_use": 2e9}}))
+    [[name, copy, offload, _, _, runner]] = rows(runplan(tmp_path / "plan", str(scenario)))
+    assert (name, offload, runner) == ("adm", "offloading:2000000000", "hotscan")
+    assert yaml.safe_load(Path(copy).read_text())["workload"] == {"hot_docs": 3}
+    run = (tmp_path / "plan" / "adm.run.sh").read_text()
+    assert "-m loadtests.hotscan" in run and '--restart-cmd "$RESET_OFFLOAD"' in run
+
+
+def test_explicit_runner_commands(tmp_path: Path) -> None:
+    scenario = tmp_path / "own.yaml"
+    scenario.write_text(yaml.safe_dump({"name": "own", "server": {"runner": {
+        "write_policies": "mkdir -p $POLICIES", "run": "echo $GATEWAY > $REPORT"}}}))
+    [[*_, runner]] = rows(runplan(tmp_path / "plan", str(scenario)))
+    assert runner == "commands"
+    assert (tmp_path / "plan" / "own.run.sh").read_text() == "echo $GATEWAY > $REPORT\n"
 
 
 def test_same_file_twice_gets_distinct_names(tmp_path: Path) -> None:
@@ -80,6 +102,7 @@ def test_same_file_twice_gets_distinct_names(tmp_path: Path) -> None:
     ({"cpu_bytes_to_use": []}, "empty"),
     ({"offload": {"connector": "disk"}}, "connector"),
     ({"fresh": "sometimes"}, "fresh"),
+    ({"runner": "nonesuch"}, "runner"),
 ])
 def test_bad_server_blocks_are_refused_before_anything_runs(tmp_path: Path, server: object, problem: str) -> None:
     scenario = write(tmp_path / "bad.yaml", server=server)

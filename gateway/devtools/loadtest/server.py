@@ -2,7 +2,8 @@
 
 The runner itself never reads it (it talks to whatever servers it is given); `scripts/gpu/host.sh` does, through
 `scripts/gpu/runplan.py`, to decide before each scenario whether an arm's server must be restarted with other
-settings, or only have its caches emptied. Kept apart from `model.py` so the GPU host's needs stay in one place.
+settings, or only have its caches emptied, and which runner sends the traffic. Other runners' scenario files carry
+the same block (their loaders ignore it). Kept apart from `model.py` so the GPU host's needs stay in one place.
 """
 
 from __future__ import annotations
@@ -28,7 +29,21 @@ class ArmServer(_Strict):
     """The CPU tier's size in bytes (offloading and lmcache connectors); None: 12 GB."""
 
 
+class RunnerCommands(_Strict):
+    """Shell commands for a runner host.sh does not know by name; they see the variables host.sh exports for a run
+    (SCENARIO, POLICIES, REPORT, GATEWAY, OFFLOAD_URL, CONTROL_URL, OFFLOAD_EVENTS, CONTROL_EVENTS, RESTART_OFFLOAD,
+    RESTART_CONTROL, RESET_OFFLOAD, RESET_CONTROL, OFFLOAD_PIDFILE, CONTROL_PIDFILE, PY, KVG)."""
+
+    write_policies: str = Field(min_length=1)
+    """Writes the policy directory $POLICIES, with the plain keys the run needs in $POLICIES/keys.json."""
+    run: str = Field(min_length=1)
+    """Sends the traffic through $GATEWAY and writes its report under $REPORT."""
+
+
 class ServerSpec(_Strict):
+    runner: Literal["loadtest", "hotscan"] | RunnerCommands = "loadtest"
+    """What drives the traffic: `loadtest` (this package's offload A/B runner), `hotscan` (the admission A/B on
+    the hot-plus-scan workload, `python -m loadtests.hotscan`), or explicit commands."""
     cpu_bytes_to_use: int | list[int] | None = None
     """Shorthand for the offload arm's tier size. A list runs the scenario once per value, in order (the
     offload server is restarted in between): one workload at several tier sizes."""

@@ -8,12 +8,13 @@
 #   bash scripts/gpu/host.sh lmcache-part   # carry .stage/lmcache/cupy-a: keep the first half of a split wheel
 #   bash scripts/gpu/host.sh lmcache        # carry .stage/lmcache/{whl,cupy-b}: install lmcache into its own
 #                                           # site dir, probe it, run $SCENARIOS (default: the lmcache scenario)
-# `lmcache` reuses the vLLM install of a `run` on the same (still warm) machine.
+# `lmcache` reuses the vLLM install of a `run` (or `install`) on the same, still warm, machine.
 #
 # Env: KVG (scratch outside the repo, default /tmp/kvg), STAGE (default .stage), OUT (default $KVG/out),
-#      SCENARIOS (space-separated scenario files, each optionally PATH@cpu_bytes_to_use=N[/M]@fresh=reset|restart|
-#      keep; see scripts/gpu/runplan.py), DEADLINE_S (seconds after start by which results must be packed, default
-#      550), RUN_T (longest one scenario may take, default 330), WAITUP (longest wait for a booting server, 240),
+#      SCENARIOS (space-separated scenario files, each optionally PATH@cpu_bytes_to_use=N[/M]@runner=hotscan
+#      @fresh=reset|restart|keep; see scripts/gpu/runplan.py), DEADLINE_S (seconds after start by which results
+#      must be packed, default 550), RUN_T (longest one scenario may take, default 330), WAITUP (longest wait for a
+#      booting server, 240),
 #      AFTER_RUN (shell run after each scenario while its gateway is up; sees RUN, RUN_DIR, KEYS and run_env's
 #      variables: GATEWAY, OFFLOAD_URL, POLICIES, ...),
 #      FAKE_VLLM=1 (CPU dry run on kvgate sim), PY (python, default python3), SKIP_INSTALL=1 (use PY's packages).
@@ -28,7 +29,7 @@
 #   collect: stop everything, pack                ~10 s
 # A scenario that cannot start with at least MIN_RUN_S (default 60) left before the deadline is skipped and says so.
 set -uo pipefail
-ACTION=${1:?part1|run|lmcache-part|lmcache}
+ACTION=${1:?part1|run|install|lmcache-part|lmcache}
 export KVG=${KVG:-/tmp/kvg}
 STAGE=$(cd "${STAGE:-.stage}" 2>/dev/null && pwd || echo "${STAGE:-.stage}")
 export OUT=${OUT:-$KVG/out}
@@ -296,6 +297,7 @@ collect() {
 case $ACTION in
   part1) part1 ;;
   run) install_all; run_scenarios ;;
+  install) install_all ;;   # a cold machine before `lmcache`: part1, then install (carry .stage/p2), then lmcache
   lmcache-part)  # keep the first half of a split wheel outside the tree the next transfer replaces
     mkdir -p "$KVG/cupy-parts" && cat "$STAGE"/lmcache/cupy-a/*.part-a > "$KVG/cupy-parts/part-a" || exit 33
     ls -la "$KVG/cupy-parts"; log "part a kept" ;;

@@ -1,7 +1,8 @@
 """Turn host.sh's list of scenario files into the runs it makes, one tab-separated line per run.
 
 Usage (from the source root, with kvgate's packages importable):
-    python scripts/gpu/runplan.py OUT_DIR SCENARIO[@cpu_bytes_to_use=N[/M...]][@fresh=reset|restart|keep] ...
+    python scripts/gpu/runplan.py OUT_DIR SCENARIO[@cpu_bytes_to_use=N[/M...]][@fresh=reset|restart|keep]
+                                         [@runner=loadtest|hotscan] ...
 
 Each scenario file's `server:` block (gateway/devtools/loadtest/server.py) says what each arm's vLLM server runs
 with and which runner sends the traffic; a list of offload tier sizes expands into one run per size. Files for the
@@ -52,9 +53,9 @@ RUNNERS = {
 def parse_entry(entry: str) -> tuple[Path, dict[str, str]]:
     path, *overrides = entry.split("@")
     pairs = dict(item.split("=", 1) for item in overrides if "=" in item)
-    unknown = sorted(set(pairs) - {"cpu_bytes_to_use", "fresh"}) + [item for item in overrides if "=" not in item]
+    unknown = sorted(set(pairs) - {"cpu_bytes_to_use", "fresh", "runner"}) + [i for i in overrides if "=" not in i]
     if unknown:
-        raise ScenarioError(f"{entry}: unknown override {unknown[0]!r} (cpu_bytes_to_use=N[/M...], fresh=...)")
+        raise ScenarioError(f"{entry}: unknown override {unknown[0]!r} (known: cpu_bytes_to_use, fresh, runner)")
     return Path(path), pairs
 
 
@@ -65,8 +66,9 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, str]) -> dict[str,
         server["cpu_bytes_to_use"] = sizes if len(sizes) > 1 else sizes[0]
         if isinstance(server.get("offload"), dict):
             server["offload"] = {k: v for k, v in server["offload"].items() if k != "cpu_bytes_to_use"}
-    if "fresh" in overrides:
-        server["fresh"] = overrides["fresh"]
+    for key in ("fresh", "runner"):
+        if key in overrides:
+            server[key] = overrides[key]
     return {**raw, "server": server}
 
 

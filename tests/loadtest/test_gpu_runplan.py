@@ -82,6 +82,13 @@ def test_other_runners_keep_their_own_fields_and_get_their_commands(tmp_path: Pa
     assert "-m loadtests.hotscan" in run and '--restart-cmd "$RESET_OFFLOAD"' in run
 
 
+def test_runner_can_be_named_on_the_command_line(tmp_path: Path) -> None:
+    scenario = tmp_path / "adm.yaml"  # a file written before the server block existed
+    scenario.write_text(yaml.safe_dump({"name": "adm", "workload": {"hot_docs": 3}}))
+    [[*_, runner]] = rows(runplan(tmp_path / "plan", f"{scenario}@runner=hotscan"))
+    assert runner == "hotscan"
+
+
 def test_explicit_runner_commands(tmp_path: Path) -> None:
     scenario = tmp_path / "own.yaml"
     scenario.write_text(yaml.safe_dump({"name": "own", "server": {"runner": {

@@ -164,7 +164,8 @@ run_env() {  # run_env RUN_DIR SCENARIO: what a runner's commands see (runplan.p
     RESTART_OFFLOAD="bash $KVG/src/scripts/gpu/vllm_server.sh restart offload" \
     RESTART_CONTROL="bash $KVG/src/scripts/gpu/vllm_server.sh restart control" \
     RESET_OFFLOAD="bash $KVG/src/scripts/gpu/vllm_server.sh reset offload" \
-    RESET_CONTROL="bash $KVG/src/scripts/gpu/vllm_server.sh reset control"
+    RESET_CONTROL="bash $KVG/src/scripts/gpu/vllm_server.sh reset control" \
+    ENSURE_OFFLOAD="bash $KVG/src/scripts/gpu/vllm_server.sh ensure offload"
 }
 
 run_one() {  # run_one RUN SCENARIO_COPY OFFLOAD_SETTING CONTROL_SETTING FRESH RUNNER

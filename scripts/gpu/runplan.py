@@ -7,7 +7,8 @@ Usage (from the source root, with kvgate's packages importable):
 Each scenario file's `server:` block (gateway/devtools/loadtest/server.py) says what each arm's vLLM server runs
 with and which runner sends the traffic; a list of offload tier sizes expands into one run per size. Files for the
 `loadtest` runner are validated as that runner will load them; other runners' files only have their `server:`
-block checked. For each run this writes, in OUT_DIR:
+block checked. A `kind: reuse` file (kvgate plan against the server) has no `server:` block: it loops over its own
+`cpu_bytes_to_use` list, so it is one run, booted with its first size. For each run this writes, in OUT_DIR:
     <run>.yaml         the scenario with the run's name and its concrete server settings
     <run>.policies.sh  the command that writes the run's policy directory ($POLICIES)
     <run>.run.sh       the command that sends the traffic through the gateway and writes $REPORT
@@ -39,6 +40,14 @@ RUNNERS = {
              ' --access "$POLICIES/keys.json" --upstream offload=$OFFLOAD_URL --upstream control=$CONTROL_URL'
              ' --pid-file offload="$OFFLOAD_PIDFILE" --pid-file control="$CONTROL_PIDFILE"'
              ' --restart-cmd "offload=$RESTART_OFFLOAD" --restart-cmd "control=$RESTART_CONTROL"'),
+    ),
+    # `kind: reuse` files (kvgate plan's predicted-vs-measured runs) go through the same CLI; their runner restarts
+    # the offload server once per tier size with CPU_BYTES set, and `ensure` turns a restart into an in-place
+    # reset when the server already runs that size (the first size, which host.sh boots it with).
+    "reuse": RunnerCommands(
+        write_policies=f'"$PY" -m {LOADTEST} "$SCENARIO" --write-policies "$POLICIES" --upstream offload=$OFFLOAD_URL',
+        run=(f'"$PY" -m {LOADTEST} "$SCENARIO" --out "$REPORT" --plain --gateway "$GATEWAY"'
+             ' --access "$POLICIES/keys.json" --upstream offload=$OFFLOAD_URL --restart-cmd "offload=$ENSURE_OFFLOAD"'),
     ),
     # Both admission arms use the offload server, one after the other; between them the server's GPU cache and
     # CPU tier are emptied in place (RESET_OFFLOAD, under a second) instead of a 60-90 s restart.
@@ -92,6 +101,15 @@ def server_spec(raw: dict[str, Any], entry: str, check_dir: Path) -> ServerSpec:
         raise ScenarioError(f"{entry}: {problems}") from error
 
 
+def reuse_runs(raw: dict[str, Any], entry: str) -> tuple[str, str]:
+    """A `kind: reuse` file runs its own tier sizes (top-level cpu_bytes_to_use); the offload server boots with
+    the first, the control server is left as it is. Returns (offload setting, control setting)."""
+    sizes = raw.get("cpu_bytes_to_use")
+    if not isinstance(sizes, list) or not sizes or not all(isinstance(size, int) and size > 0 for size in sizes):
+        raise ScenarioError(f"{entry}: a reuse scenario needs cpu_bytes_to_use: [positive int, ...]")
+    return f"offloading:{sizes[0]}", "none"
+
+
 def concrete_server(spec: ServerSpec, offload: str, control: str) -> dict[str, Any]:
     def arm(setting: str) -> dict[str, Any]:
         connector, _, size = setting.partition(":")
@@ -107,6 +125,18 @@ def commands(spec: ServerSpec) -> tuple[str, RunnerCommands]:
     return "commands", spec.runner
 
 
+def unique(name: str, names: set[str]) -> str:
+    while name in names:
+        name += "-again"
+    names.add(name)
+    return name
+
+
+def write_commands(out_dir: Path, name: str, run_commands: RunnerCommands) -> None:
+    (out_dir / f"{name}.policies.sh").write_text(run_commands.write_policies + "\n")
+    (out_dir / f"{name}.run.sh").write_text(run_commands.run + "\n")
+
+
 def plan(out_dir: Path, entries: list[str]) -> list[str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
@@ -116,23 +146,31 @@ def plan(out_dir: Path, entries: list[str]) -> list[str]:
         raw = yaml.safe_load(path.read_text()) if path.is_file() else None
         if not isinstance(raw, dict) or not raw.get("name"):
             raise ScenarioError(f"{entry}: not a readable scenario file with a name")
+        if raw.get("kind") == "reuse":  # its own strict format and its own loop over tier sizes
+            if overrides:
+                raise ScenarioError(f"{entry}: a reuse scenario takes no @overrides (edit its cpu_bytes_to_use)")
+            name = unique(str(raw["name"]), names)
+            copy = out_dir / f"{name}.yaml"
+            copy.write_text(yaml.safe_dump({**raw, "name": name}, sort_keys=False))
+            write_commands(out_dir, name, RUNNERS["reuse"])
+            offload, control = reuse_runs(raw, entry)
+            lines.append("\t".join([name, str(copy), offload, control, "reset", "reuse"]))
+            continue
         raw = apply_overrides(raw, overrides)
         spec = server_spec(raw, entry, out_dir)
         runner, run_commands = commands(spec)
         sizes = spec.offload_sizes()
         for size in sizes:
-            name = str(raw["name"]) if len(sizes) == 1 else f"{raw['name']}-cpu{(size or 0) / 1e9:g}GB"
-            while name in names:
-                name += "-again"
-            names.add(name)
+            name = unique(str(raw["name"]) if len(sizes) == 1 else f"{raw['name']}-cpu{(size or 0) / 1e9:g}GB", names)
             offload, control = (arm_setting(spec, arm, size) for arm in ("offload", "control"))
             copy = out_dir / f"{name}.yaml"
-            run = {**raw, "name": name, "server": concrete_server(spec, offload, control)}
+            run = {**raw, "name": name}
+            if runner == "loadtest":  # its model knows the block: the report records the concrete settings
+                run["server"] = concrete_server(spec, offload, control)
             copy.write_text(yaml.safe_dump(run, sort_keys=False))
             if runner == "loadtest":
                 load_scenario(copy)
-            (out_dir / f"{name}.policies.sh").write_text(run_commands.write_policies + "\n")
-            (out_dir / f"{name}.run.sh").write_text(run_commands.run + "\n")
+            write_commands(out_dir, name, run_commands)
             lines.append("\t".join([name, str(copy), offload, control, spec.fresh, runner]))
     return lines
 

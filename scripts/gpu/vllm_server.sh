@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Start, stop, restart or reset one arm's vLLM 0.25.0 server on the GPU host (also the runner's restart hook).
-#   vllm_server.sh start|stop|restart|reset|setting offload|control
+#   vllm_server.sh start|stop|restart|ensure|reset|setting offload|control
 # offload: port 8000, KV events PUB 5557 / replay 5558     control: port 8001, KV events PUB 5559 / replay 5560
 # What an arm runs with is a SETTING: `none`, `offloading:CPU_BYTES` (the OffloadingConnector, 64-token blocks) or
 # `lmcache:CPU_BYTES` (LMCacheConnectorV1 with a CPU tier of that size, lmcache's packages in $KVG/lmcache-site).
-# `start` takes $SETTING if set, else the arm's last one ($KVG/<arm>.setting), else the default (offload:
-# offloading:12000000000, control: none), and records it, so a bare `restart` (the runner's hook) keeps it.
+# `start` takes $SETTING if set, else (offload arm) offloading:$CPU_BYTES if that is set, else the arm's last one
+# ($KVG/<arm>.setting), else the default (offload: offloading:12000000000, control: none), and records it, so a
+# bare `restart` (the runner's hook) keeps it. `ensure` restarts only when the wanted setting differs from what
+# runs (else it resets, below): a runner that restarts before each tier size loses no time on the first.
 # `reset` empties the GPU prefix cache and the connector's tier: POST /reset_prefix_cache?reset_external=true
 # (a vLLM dev-mode route: every server runs with VLLM_SERVER_DEV_MODE=1 on this isolated host).
 # Each server runs in its own session (setsid) so the whole tree (API server + engine core) stops together;
 # its PID goes to $KVG/<arm>.pid, its output is appended to $KVG/logs/<arm>.log.
 # FAKE_VLLM=1 runs `kvgate sim` with the same ports instead (the CPU dry run of scripts/gpu/host.sh).
 set -uo pipefail
-ACTION=${1:?start|stop|restart|reset|setting}
+ACTION=${1:?start|stop|restart|ensure|reset|setting}
 ARM=${2:?offload|control}
 KVG=${KVG:-/tmp/kvg}
 PY=${PY:-python3}
@@ -28,6 +30,7 @@ KV_EVENTS="{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\
 
 current_setting() {
   if [ -n "${SETTING:-}" ]; then echo "$SETTING"
+  elif [ -n "${CPU_BYTES:-}" ] && [ "$ARM" = offload ]; then echo "offloading:$CPU_BYTES"
   elif [ -f "$KVG/$ARM.setting" ]; then cat "$KVG/$ARM.setting"
   else echo "$DEFAULT_SETTING"; fi
 }
@@ -106,8 +109,16 @@ except (urllib.error.URLError, OSError) as error:
 EOF
 }
 
+ensure_server() {  # the wanted setting running: reset in place when it already is, else restart
+  local pid; pid=$(cat "$PIDFILE" 2>/dev/null)
+  if [ -n "$pid" ] && kill -0 -- "-$pid" 2>/dev/null && [ "$(current_setting)" = "$(cat "$KVG/$ARM.setting" 2>/dev/null)" ]
+  then echo "$ARM already runs $(current_setting): reset $(reset_server)"
+  else stop_server; start_server; fi
+}
+
 case $ACTION in
   start) start_server ;;
+  ensure) ensure_server ;;
   stop) stop_server ;;
   restart) stop_server; start_server ;;
   reset) reset_server ;;

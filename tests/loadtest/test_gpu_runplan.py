@@ -89,6 +89,19 @@ def test_runner_can_be_named_on_the_command_line(tmp_path: Path) -> None:
     assert runner == "hotscan"
 
 
+def test_reuse_files_keep_their_format_and_loop_over_their_own_sizes(tmp_path: Path) -> None:
+    body = {"kind": "reuse", "name": "plan-x", "workload": {"requests": 5},
+            "cpu_bytes_to_use": [6_000_000_000, 16_000_000_000]}
+    scenario = tmp_path / "reuse.yaml"
+    scenario.write_text(yaml.safe_dump(body))
+    [[name, copy, offload, control, fresh, runner]] = rows(runplan(tmp_path / "plan", str(scenario)))
+    assert (name, offload, control, fresh, runner) == ("plan-x", "offloading:6000000000", "none", "reset", "reuse")
+    assert yaml.safe_load(Path(copy).read_text()) == body  # strict loaders get their file unchanged
+    assert 'offload=$ENSURE_OFFLOAD' in (tmp_path / "plan" / "plan-x.run.sh").read_text()
+    refused = runplan(tmp_path / "plan", f"{scenario}@fresh=keep")
+    assert refused.returncode == 2 and "no @overrides" in refused.stderr
+
+
 def test_explicit_runner_commands(tmp_path: Path) -> None:
     scenario = tmp_path / "own.yaml"
     scenario.write_text(yaml.safe_dump({"name": "own", "server": {"runner": {
@@ -136,3 +149,5 @@ def test_server_setting_defaults_then_sticks(tmp_path: Path) -> None:
     (tmp_path / "offload.setting").write_text("lmcache:4000000000\n")  # what `start` records for a later restart
     assert setting(tmp_path, "offload") == "lmcache:4000000000"
     assert setting(tmp_path, "offload", SETTING="offloading:1") == "offloading:1"
+    assert setting(tmp_path, "offload", CPU_BYTES="6000000000") == "offloading:6000000000"  # a reuse runner's restart
+    assert setting(tmp_path, "control", CPU_BYTES="6000000000") == "none"

@@ -32,7 +32,7 @@ class ArmServer(_Strict):
 class RunnerCommands(_Strict):
     """Shell commands for a runner host.sh does not know by name; they see the variables host.sh exports for a run
     (SCENARIO, POLICIES, REPORT, GATEWAY, OFFLOAD_URL, CONTROL_URL, OFFLOAD_EVENTS, CONTROL_EVENTS, RESTART_OFFLOAD,
-    RESTART_CONTROL, RESET_OFFLOAD, RESET_CONTROL, OFFLOAD_PIDFILE, CONTROL_PIDFILE, PY, KVG)."""
+    RESTART_CONTROL, RESET_OFFLOAD, RESET_CONTROL, ENSURE_OFFLOAD, OFFLOAD_PIDFILE, CONTROL_PIDFILE, PY, KVG)."""
 
     write_policies: str = Field(min_length=1)
     """Writes the policy directory $POLICIES, with the plain keys the run needs in $POLICIES/keys.json."""

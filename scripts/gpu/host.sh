@@ -140,6 +140,8 @@ stop_gateway() {
 
 prepare_servers() {  # prepare_servers OFFLOAD_SETTING CONTROL_SETTING FRESH RUN_DIR: restart what must change
   local want=("$1" "$2") fresh=$3 restart=() arm i
+  [ -n "${JUST_BOOTED:-}" ] && fresh=keep   # the first run gets servers started for it: nothing to empty yet
+  JUST_BOOTED=
   for i in 0 1; do
     arm=${ARMS[$i]}
     if [ ! -f "$KVG/$arm.pid" ] || [ "$(srv setting "$arm")" != "${want[$i]}" ] || [ "$fresh" = restart ]; then
@@ -229,6 +231,7 @@ run_scenarios() {  # plan the runs, boot the servers for the first, run each, co
     grep -hE "GPU KV cache size|OffloadingConnector|CPUOffloadingSpec|LMCache|FlashAttention version|Allocating" \
       "$KVG/logs/offload.log" | head -12
     capture "$KVG/runs" boot
+    JUST_BOOTED=1
     local run scenario offload control fresh runner
     while IFS=$'\t' read -r run scenario offload control fresh runner; do
       run_one "$run" "$scenario" "$offload" "$control" "$fresh" "$runner" < /dev/null
@@ -302,6 +305,6 @@ case $ACTION in
   lmcache-part)  # keep the first half of a split wheel outside the tree the next transfer replaces
     mkdir -p "$KVG/cupy-parts" && cat "$STAGE"/lmcache/cupy-a/*.part-a > "$KVG/cupy-parts/part-a" || exit 33
     ls -la "$KVG/cupy-parts"; log "part a kept" ;;
-  lmcache) fresh_dirs; lmcache_install; SCENARIOS=${SCENARIOS:-loadtests/scenarios/lmcache-h200.yaml} run_scenarios ;;
+  lmcache) fresh_dirs; lmcache_install; SCENARIOS=${SCENARIOS:-loadtests/scenarios/lmcache-h200-client.yaml} run_scenarios ;;
   *) echo "unknown action $ACTION" >&2; exit 2 ;;
 esac

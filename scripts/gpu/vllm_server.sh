@@ -57,10 +57,13 @@ server_argv() {  # server_argv SETTING -> ARGV, and EXTRA_ENV for lmcache
       # LMCache reads its settings from LMCACHE_* variables: 256-token chunks, a CPU tier of $bytes (in GB, its
       # unit), no disk or remote tier, its KV events on (vLLM publishes them with its own), no usage reporting.
       ARGV+=(--kv-transfer-config '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}')
+      # Its Prometheus counters live in the engine-core process: a multiprocess directory lets the API server's
+      # /metrics show them (lmcache:*), as the lmcache helper's host script does.
+      rm -rf "$KVG/prom-$ARM" && mkdir -p "$KVG/prom-$ARM"
       EXTRA_ENV=(LMCACHE_CHUNK_SIZE=256 LMCACHE_LOCAL_CPU=True
                  "LMCACHE_MAX_LOCAL_CPU_SIZE=$("$PY" -c "print($bytes / 1e9)")" LMCACHE_MAX_LOCAL_DISK_SIZE=0
-                 LMCACHE_ENABLE_KV_EVENTS=True
-                 LMCACHE_TRACK_USAGE=false LMCACHE_LOG_LEVEL=INFO) ;;
+                 LMCACHE_ENABLE_KV_EVENTS=True LMCACHE_USE_EXPERIMENTAL=True
+                 LMCACHE_TRACK_USAGE=false LMCACHE_LOG_LEVEL=INFO "PROMETHEUS_MULTIPROC_DIR=$KVG/prom-$ARM") ;;
     *) echo "unknown connector in setting $1" >&2; exit 2 ;;
   esac
 }

@@ -100,16 +100,20 @@ start_server() {
   echo $! > "$PIDFILE"
 }
 
-reset_server() {  # prints the HTTP status of the reset, or the error
-  "$PY" - "http://127.0.0.1:$PORT/reset_prefix_cache?reset_external=true" <<'EOF'
+reset_server() {  # prints the HTTP status of the reset (or the error) and the engine's own verdict from its log
+  # vLLM answers 200 whether or not the reset took; the engine logs "Successfully reset prefix cache" or
+  # "Failed to reset prefix cache because some blocks ... are not freed yet".
+  "$PY" - "http://127.0.0.1:$PORT/reset_prefix_cache?reset_external=true" <<'EOF' || return 1
 import sys, urllib.error, urllib.request
 try:
     with urllib.request.urlopen(urllib.request.Request(sys.argv[1], method="POST"), timeout=30) as answer:
-        print(answer.status)
+        print(answer.status, end=" ")
 except (urllib.error.URLError, OSError) as error:
     print(f"failed: {error}")
     sys.exit(1)
 EOF
+  tail -c 20000 "$KVG/logs/$ARM.log" | grep -oE "(Successfully|Failed to) reset prefix cache.{0,80}" | tail -1
+  echo
 }
 
 ensure_server() {  # the wanted setting running: reset in place when it already is, else restart

@@ -42,7 +42,12 @@ server_argv() {  # server_argv SETTING -> ARGV, and EXTRA_ENV for lmcache
     ARGV=("$PY" -m gateway sim --port "$PORT" --model m --gpu-blocks 1271 --seed 0
           --kv-events-endpoint "tcp://*:$EVENTS" --kv-events-replay-endpoint "tcp://*:$((EVENTS + 1))"
           --kv-events-topic kv --prefill-us-per-token 27)
-    [ "$connector" != none ] && ARGV+=(--offload --cpu-bytes-to-use "$bytes")
+    [ "$connector" = offloading ] && ARGV+=(--offload --cpu-bytes-to-use "$bytes")
+    if [ "$connector" = lmcache ]; then   # the simulator's LMCache mode where it has one, else its CPU tier
+      if PYTHONPATH=$KVG/gw-site:$KVG/src "$PY" -m gateway sim --help 2>/dev/null | grep -qE -- '--lmcache[] ]'; then
+        ARGV+=(--lmcache)
+      else ARGV+=(--offload --cpu-bytes-to-use "$bytes"); fi
+    fi
     return
   fi
   ARGV=("$PY" -m vllm.entrypoints.cli.main serve "$KVG/model" --port "$PORT"

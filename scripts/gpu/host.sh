@@ -145,6 +145,7 @@ prepare_servers() {  # prepare_servers OFFLOAD_SETTING CONTROL_SETTING FRESH RUN
   for i in 0 1; do
     arm=${ARMS[$i]}
     if [ ! -f "$KVG/$arm.pid" ] || [ "$(srv setting "$arm")" != "${want[$i]}" ] || [ "$fresh" = restart ]; then
+      [ ${#restart[@]} -gt 0 ] && sleep 3   # two engines allocating at the same instant is what the recipe avoids
       restart+=("$arm"); SETTING=${want[$i]} srv restart "$arm"
     elif [ "$fresh" = reset ]; then
       echo "$arm reset: $(srv reset "$arm")" | tee -a "$4/notes.txt"

@@ -6,8 +6,10 @@
 #   bash scripts/gpu/host.sh run            # carry .stage/p2: unpack part 2, install wheels, start the servers,
 #                                           # run every scenario in $SCENARIOS, write the results into $OUT
 #   bash scripts/gpu/host.sh lmcache-part   # carry .stage/lmcache/cupy-a: keep the first half of a split wheel
-#   bash scripts/gpu/host.sh lmcache        # carry .stage/lmcache/{whl,cupy-b}: install lmcache into its own
-#                                           # site dir, probe it, run $SCENARIOS (default: the lmcache scenario)
+#   bash scripts/gpu/host.sh lmcache-build  # carry .stage/lmcache/{whl,src}: install lmcache into its own site dir,
+#                                           # probe it; rebuild its extensions against the host's torch if needed
+#   bash scripts/gpu/host.sh lmcache        # (no carry after lmcache-build) run $SCENARIOS (default: the
+#                                           # lmcache scenario) with the LMCache server; installs first if needed
 # `lmcache` reuses the vLLM install of a `run` (or `install`) on the same, still warm, machine.
 #
 # Env: KVG (scratch outside the repo, default /tmp/kvg), STAGE (default .stage), OUT (default $KVG/out),
@@ -29,7 +31,7 @@
 #   collect: stop everything, pack                ~10 s
 # A scenario that cannot start with at least MIN_RUN_S (default 60) left before the deadline is skipped and says so.
 set -uo pipefail
-ACTION=${1:?part1|run|install|lmcache-part|lmcache}
+ACTION=${1:?part1|run|install|lmcache-part|lmcache-build|lmcache}
 export KVG=${KVG:-/tmp/kvg}
 STAGE=$(cd "${STAGE:-.stage}" 2>/dev/null && pwd || echo "${STAGE:-.stage}")
 export OUT=${OUT:-$KVG/out}
@@ -49,7 +51,9 @@ unpack() {  # unpack ARCHIVE.tar.xz DIR (Python's tarfile where there is no xz)
 part1() {
   mkdir -p "$KVG/vllm-site"
   unpack "$STAGE/p1/vllm-a.tar.xz" "$KVG/vllm-site" || exit 11
-  rm -rf "$KVG/model" && cp -r "$STAGE/p1/model" "$KVG/model" || exit 12
+  rm -rf "$KVG/model" && mkdir -p "$KVG/model"
+  if [ -f "$STAGE/p1/model.tar.xz" ]; then unpack "$STAGE/p1/model.tar.xz" "$KVG/model" || exit 12
+  else cp -r "$STAGE/p1/model/." "$KVG/model/" || exit 12; fi
   touch "$KVG/part1.ok"
   du -sh "$KVG/vllm-site" "$KVG/model"
   { nvidia-smi; "$PY" -V; "$PY" -m pip list 2>/dev/null \
@@ -251,7 +255,7 @@ run_scenarios() {  # plan the runs, boot the servers for the first, run each, co
 }
 
 lmcache_install() {  # lmcache and the wheels the image lacks (or pins differently) into $KVG/lmcache-site
-  [ -f "$KVG/install.ok" ] || { echo "no vLLM install in $KVG: 'host.sh lmcache' must follow 'host.sh run' on the same machine" >&2; exit 30; }
+  [ -f "$KVG/install.ok" ] || { echo "no vLLM install in $KVG: run 'host.sh run' or 'install' first, on this machine" >&2; exit 30; }
   local wheels=("$STAGE"/lmcache/whl/*.whl)
   if [ -f "$KVG/cupy-parts/part-a" ] && compgen -G "$STAGE/lmcache/cupy-b/*.part-b" > /dev/null; then
     local b name; b=$(echo "$STAGE"/lmcache/cupy-b/*.part-b); name=$(basename "$b" .part-b)
@@ -259,30 +263,61 @@ lmcache_install() {  # lmcache and the wheels the image lacks (or pins different
     (cd "$KVG/cupy-parts" && sha256sum -c "$STAGE/lmcache/cupy-b/$name.sha256") || exit 31
     wheels+=("$KVG/cupy-parts/$name")
   fi
-  rm -rf "$KVG/lmcache-site" && mkdir -p "$KVG/lmcache-site"
+  rm -rf "$KVG/lmcache-site" "$KVG/lmcache.ok" && mkdir -p "$KVG/lmcache-site"
   if [ -z "${SKIP_INSTALL:-}" ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$KVG/lmcache-site" "${wheels[@]}" \
       || exit 32
   fi
   log "lmcache installed ($(ls "$KVG/lmcache-site" | wc -l) entries)"
-  # Import what the in-process connector imports, with the vLLM server's PYTHONPATH; record versions and failures.
-  PYTHONPATH=$KVG/lmcache-site:$KVG/vllm-site "$PY" - > "$OUT/lmcache-probe.txt" 2>&1 <<'EOF'
+}
+
+lmcache_probe() {  # lmcache_probe TAG: import what the in-process connector needs, with the vLLM server's PYTHONPATH
+  # torch first: lmcache's four extensions link libtorch, and their failure to load (an undefined symbol when
+  # built against another torch) is what this is for. 0 when the connector's path imports.
+  { echo "== $1 ($(date -u +%T))"
+    PYTHONPATH=$KVG/lmcache-site:$KVG/vllm-site "$PY" - 2>&1 <<'EOF'
 import importlib, traceback
-for name in ("numpy", "google.protobuf", "torch", "cupy", "cuda.bindings", "lmcache", "lmcache.cuda_ops",
+for name in ("numpy", "google.protobuf", "prometheus_client", "torch", "cupy", "cuda.bindings", "lmcache",
+             "lmcache.cuda_ops", "lmcache.lmcache_native", "lmcache.lmcache_fs", "lmcache.lmcache_redis",
              "lmcache.integration.vllm.vllm_v1_adapter", "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector"):
     try:
         module = importlib.import_module(name)
         print("ok  ", name, getattr(module, "__version__", ""), getattr(module, "__file__", ""))
     except Exception:
-        print("FAIL", name); traceback.print_exc(limit=3)
+        print("FAIL", name); traceback.print_exc(limit=2)
 EOF
-  cat "$OUT/lmcache-probe.txt"
-  # A server that cannot import the connector dies after minutes of start-up: do not spend device time on it.
-  if grep -qE "^FAIL (lmcache|lmcache.cuda_ops|lmcache.integration.vllm.vllm_v1_adapter)$" "$OUT/lmcache-probe.txt" \
-     && [ -z "${FAKE_VLLM:-}${FORCE:-}" ]; then
-    log "lmcache does not import with vLLM's PYTHONPATH: not starting the servers (FORCE=1 to try anyway)"
-    collect; exit 34
+  } >> "$OUT/lmcache-probe.txt"
+  local section; section=$(sed -n "/^== $1/,\$p" "$OUT/lmcache-probe.txt")   # (no grep -q on a pipe: pipefail)
+  grep -E "^(ok|FAIL|==)|Error" <<< "$section"
+  ! grep -qE "^FAIL (lmcache|lmcache.cuda_ops|lmcache.integration.vllm.vllm_v1_adapter|vllm.distributed.*)$" <<< "$section"
+}
+
+lmcache_build() {  # rebuild lmcache's torch extensions against the host's torch, sm_90 only, into lmcache-site
+  [ -f "$STAGE/lmcache/src/lmcache-src.tar.gz" ] || { log "no lmcache source carried (.stage/lmcache/src)"; return 1; }
+  local b=$KVG/lmc-build t0; t0=$(date +%s)
+  rm -rf "$b" && mkdir -p "$b/src" "$b/tools" && tar -xzf "$STAGE/lmcache/src/lmcache-src.tar.gz" -C "$b/src" || return 1
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$b/tools" "$STAGE"/lmcache/src/tools/*.whl || return 1
+  [ -d /usr/local/cuda ] && export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PATH=$PATH:/usr/local/cuda/bin
+  log "building lmcache's extensions against torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null \
+    || echo '(none importable)') with nvcc at $(command -v nvcc || echo '(none on PATH)')"
+  (cd "$b/src" && PYTHONPATH=$b/tools TORCH_CUDA_ARCH_LIST=9.0 BUILD_WITH_CUDA=1 timeout "${BUILD_T:-420}" \
+     "$PY" setup.py build_ext --inplace) > "$KVG/logs/lmcache-build.log" 2>&1
+  local rc=$?
+  tail -c 30000 "$KVG/logs/lmcache-build.log" > "$OUT/lmcache-build.log"
+  log "build rc $rc in $(( $(date +%s) - t0 )) s: $(cd "$b/src" && ls lmcache/*.so 2>/dev/null | tr '\n' ' ')"
+  [ "$rc" = 0 ] || return 1
+  cp "$b"/src/lmcache/*.so "$KVG/lmcache-site/lmcache/"
+}
+
+lmcache_ready() {  # install, probe; rebuild the extensions when the wheel's do not load; $KVG/lmcache.ok on success
+  lmcache_install
+  if lmcache_probe wheel || [ -n "${FAKE_VLLM:-}" ]; then touch "$KVG/lmcache.ok"; return 0; fi
+  if ! grep -qE "^FAIL lmcache\.(cuda_ops|lmcache_[a-z]+)$" <<< "$(sed -n '/^== wheel/,$p' "$OUT/lmcache-probe.txt")"; then
+    log "lmcache fails for another reason than its extensions: no rebuild (see lmcache-probe.txt)"; return 1
   fi
+  log "the wheel's extensions do not load here ($(grep -c "undefined symbol" "$OUT/lmcache-probe.txt") undefined-symbol errors): rebuilding"
+  if lmcache_build && lmcache_probe rebuilt; then touch "$KVG/lmcache.ok"; return 0; fi
+  return 1
 }
 
 collect() {
@@ -312,6 +347,14 @@ case $ACTION in
   lmcache-part)  # keep the first half of a split wheel outside the tree the next transfer replaces
     mkdir -p "$KVG/cupy-parts" && cat "$STAGE"/lmcache/cupy-a/*.part-a > "$KVG/cupy-parts/part-a" || exit 33
     ls -la "$KVG/cupy-parts"; log "part a kept" ;;
-  lmcache) fresh_dirs; lmcache_install; SCENARIOS=${SCENARIOS:-loadtests/scenarios/lmcache-h200-client.yaml} run_scenarios ;;
+  lmcache-build) lmcache_ready; log "lmcache ready: $([ -f "$KVG/lmcache.ok" ] && echo yes || echo no)" ;;
+  lmcache)
+    fresh_dirs
+    if [ ! -f "$KVG/lmcache.ok" ] && ! lmcache_ready && [ -z "${FORCE:-}" ]; then
+      # a server that cannot import the connector dies after minutes of start-up: spend no device time on it
+      log "lmcache does not import with vLLM's PYTHONPATH: not starting the servers (FORCE=1 to try anyway)"
+      collect; exit 34
+    fi
+    SCENARIOS=${SCENARIOS:-loadtests/scenarios/lmcache-h200-client.yaml} run_scenarios ;;
   *) echo "unknown action $ACTION" >&2; exit 2 ;;
 esac

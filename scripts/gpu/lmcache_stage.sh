@@ -10,6 +10,8 @@
 #                           this is the fallback for a host whose probe (lmcache-probe.txt) shows cupy missing.
 # Which imports the in-process connector needs was read from the wheel: a walk over the module-level imports of
 # lmcache.integration.vllm.vllm_v1_adapter and lmcache_connector_v1 (cupy only appears in the MP-mode modules).
+#   .stage/lmcache/src/    lmcache's source (its sdist, trimmed) and the build tools it pins, for `host.sh lmcache-build`
+#                           to rebuild the extensions against the host's torch when the wheel's do not load.
 # Needs network to the package registry and python3 with pip. Seconds, not minutes.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -43,8 +45,24 @@ if [ -n "${CUPY:-}" ]; then
   (cd "$L/dl" && sha256sum "$name") > "$L/cupy-b/$name.sha256"   # host.sh checks the rejoined wheel against it
   cat "$L/cupy-a/$name.part-a" "$L/cupy-b/$name.part-b" | cmp - "$wheel"
 fi
-find "$L" -name '*.whl' -o -name '*.part-?' | sort | xargs du -b
-for d in whl extra cupy-a cupy-b; do
+# 4. lmcache's own source, to rebuild its four torch extensions on the host if the wheel's do not load there:
+#    the 0.5.6 wheels are built against torch 2.13.0 (its pyproject's build pin); the H200 image has 2.11.0.
+#    pip unpacks the sdist before it fails to prepare its metadata here (no torch): --no-clean keeps that tree.
+if [ -n "${SRC-1}" ]; then
+  mkdir -p "$L/src/tools"
+  TMP=$(mktemp -d)
+  TMPDIR=$TMP "$PY" -m pip download -q --no-clean --no-deps --no-build-isolation --no-binary lmcache \
+    "$(head -1 "$HERE/lmcache-wheels.txt")" -d "$TMP/dl" > "$TMP/log" 2>&1 || true
+  SDIST=$(ls -d "$TMP"/pip-download-*/lmcache_* | head -1)
+  [ -f "$SDIST/setup.py" ] || { tail -5 "$TMP/log"; echo "no lmcache source tree" >&2; exit 1; }
+  grep -o 'torch==[0-9.]*' "$SDIST/pyproject.toml" | head -1 > "$L/src/built-against.txt"
+  tar -czf "$L/src/lmcache-src.tar.gz" -C "$SDIST" --exclude=docs --exclude=benchmarks --exclude=examples \
+    --exclude=tests --exclude=asset --exclude=operator --exclude=docker .
+  rm -rf "$TMP"
+  fetch "$L/src/tools" -r "$HERE/lmcache-build-wheels.txt"   # setuptools < 81 and setuptools_scm, as its build pins
+fi
+find "$L" -name '*.whl' -o -name '*.part-?' -o -name '*.tar.gz' | sort | xargs du -b
+for d in whl src extra cupy-a cupy-b; do
   if [ -d "$L/$d" ]; then echo "$d: $(du -cb "$L/$d" | tail -1 | cut -f1) bytes"; fi
 done
 TREE=$(git -C "$ROOT" ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)

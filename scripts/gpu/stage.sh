@@ -5,7 +5,7 @@
 # needs that the H200 image lacks), vllm-wheels-optional.txt (not staged: the image's copies were new enough),
 # model/ (Qwen3-8B-shaped config, generation and tokenizer configs) and build_tokenizer.py (32000-id byte BPE).
 #
-#   .stage/p1/  vllm-a.tar.xz (the one 76 MB library that only compresses to ~54 MB), model/ (config + tokenizer)
+#   .stage/p1/  vllm-a.tar.xz (the one 76 MB library that only compresses to ~54 MB), model.tar.xz (config + tokenizer)
 #   .stage/p2/  vllm-b.tar.xz (the rest of vLLM), vllm-whl/ (vLLM's wheels), gw-whl/ (kvgate's wheels)
 #   .stage/p2/src.tar.gz is written separately by scripts/gpu/snapshot.sh, right before a run.
 #
@@ -26,7 +26,7 @@ fetch() {  # fetch DIR SPEC... : cp312 binary wheels for the host, no dependency
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${PLATFORMS[@]}" -d "$dir" "$@"
 }
-mkdir -p "$STAGE"/{dl,build,p1/model,p2/vllm-whl,p2/gw-whl}
+mkdir -p "$STAGE"/{dl,build/model,p1,p2/vllm-whl,p2/gw-whl}
 
 # 1. The vLLM wheel, unpacked and trimmed of what a dense bf16 model on Hopper never loads.
 WHEEL=$STAGE/dl/vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl
@@ -69,12 +69,16 @@ for wheel in "$STAGE"/p2/gw-whl/*.whl; do
 done
 
 # 4. The dummy model: Qwen3-8B-shaped config, and a 32000-id byte-level BPE tokenizer (build_tokenizer.py).
-install -m 644 "$HERE/model/config.json" "$STAGE/p1/model/config.json"
-install -m 644 "$HERE/model/generation_config.json" "$STAGE/p1/model/generation_config.json"
-if [ ! -f "$STAGE/p1/model/tokenizer.json" ]; then
+#    It travels xz-packed (model.tar.xz, ~0.6 MB instead of 2.3 MB): part 1 is the tightest of the transfers.
+MODEL=$STAGE/build/model
+install -m 644 "$HERE/model/config.json" "$MODEL/config.json"
+install -m 644 "$HERE/model/generation_config.json" "$MODEL/generation_config.json"
+if [ ! -f "$MODEL/tokenizer.json" ]; then
   [ -x "$STAGE/tokvenv/bin/python" ] || { python3 -m venv "$STAGE/tokvenv" && "$STAGE/tokvenv/bin/pip" install -q tokenizers; }
-  "$STAGE/tokvenv/bin/python" "$HERE/build_tokenizer.py" "$STAGE/p1/model"
+  "$STAGE/tokvenv/bin/python" "$HERE/build_tokenizer.py" "$MODEL"
 fi
+rm -rf "$STAGE/p1/model"   # the unpacked form of earlier stagings
+tar -C "$MODEL" -cf - . | xz -9 -T1 -c > "$STAGE/p1/model.tar.xz"
 
 du -sh "$STAGE"/p1/* "$STAGE"/p2/*
 echo "part 1: $(du -cb "$STAGE/p1" | tail -1 | cut -f1) bytes; part 2 (before src.tar.gz): $(du -cb "$STAGE/p2" | tail -1 | cut -f1) bytes"

@@ -44,7 +44,7 @@ server_argv() {  # server_argv SETTING -> ARGV, and EXTRA_ENV for lmcache
           --kv-events-topic kv --prefill-us-per-token 27)
     [ "$connector" = offloading ] && ARGV+=(--offload --cpu-bytes-to-use "$bytes")
     if [ "$connector" = lmcache ]; then   # the simulator's LMCache mode where it has one, else its CPU tier
-      if PYTHONPATH=$KVG/gw-site:$KVG/src "$PY" -m gateway sim --help 2>/dev/null | grep -qE -- '--lmcache[] ]'; then
+      if grep -qE -- '--lmcache[] ]' <<< "$(PYTHONPATH=$KVG/gw-site:$KVG/src "$PY" -m gateway sim --help 2>/dev/null)"; then
         ARGV+=(--lmcache)
       else ARGV+=(--offload --cpu-bytes-to-use "$bytes"); fi
     fi

@@ -337,6 +337,9 @@ collect() {
     tar -czf "$OUT/results.tar.gz" -C "$KVG/bundle" .
   fi
   for arm in "${ARMS[@]}"; do tail -c 60000 "$KVG/logs/$arm.log" > "$OUT/${arm}_tail.log" 2>/dev/null; done
+  # At most 8 files come back: the log tails go first (the full logs are in results.tar.gz).
+  [ "$(ls "$OUT" | wc -l)" -gt 8 ] && rm -f "$OUT/control_tail.log"
+  [ "$(ls "$OUT" | wc -l)" -gt 8 ] && rm -f "$OUT/offload_tail.log"
   ls -la "$OUT"; log "collected"
 }
 

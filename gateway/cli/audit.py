@@ -123,6 +123,7 @@ def _table(report: dict[str, Any], rows: list[tuple[Any, ...]]) -> str:
     lines += ["  ".join(str(value).rjust(width) for value, width in zip(row, widths, strict=True)) for row in cells]
     lines += [f"source {gap['source']}: {gap['missing_batches']} missing batches, {gap['restarts']} restarts, "
               f"{gap['lost']} lost" for gap in report["gaps"]]
+    lines += [f"pool {pool}: unobserved: {'; '.join(what)}" for pool, what in report.get("unobserved", {}).items()]
     return "\n".join(lines) + "\n"
 
 

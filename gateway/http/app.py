@@ -25,7 +25,8 @@ from gateway.policy.loader import KeyGrant, PolicySet
 from gateway.proxy.otel_metrics import OtelGenAIMetrics
 from gateway.proxy.record import Exchange, record
 from gateway.routes import FORWARDED_KINDS, ROUTES, RouteSpec
-from gateway.settings import Settings
+from gateway.settings import Settings, salt_secret_bytes
+from gateway.strict.request_fields import FieldRefused
 
 log = get_logger(__name__)
 UNMATCHED_ROUTE = "unmatched"
@@ -34,10 +35,8 @@ UNCAPPED_PATHS = frozenset({"/livez", "/readyz", "/metrics"})  # probes and scra
 
 class GatewayApp:
     def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
-        if settings.salt_secret is None:
-            raise ValueError("KVGATE_SALT_SECRET is required")
         self.settings = settings
-        self.secret = settings.salt_secret.get_secret_value().encode()
+        self.secret = salt_secret_bytes(settings)
         self.metrics = GatewayMetrics(registry or CollectorRegistry())
         self.genai = OtelGenAIMetrics(self.metrics.registry) if settings.otel_metrics else None
         self._state: State | None = None
@@ -96,6 +95,8 @@ class GatewayApp:
             state.metrics.auth_failures.labels(error.reason).inc()
         elif isinstance(error, Forbidden):
             state.metrics.auth_failures.labels("scope").inc()
+        elif isinstance(error, FieldRefused) and ex.tenant:
+            state.metrics.engine_fields.labels(ex.tenant, error.field, "refused").inc()
         ex.outcome, ex.error = Outcome.REFUSED, type(error).__name__
         if tracked.started:  # a refusal raised after the response began cannot change its status
             return

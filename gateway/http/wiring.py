@@ -12,6 +12,8 @@ from pathlib import Path
 import aiohttp
 
 from gateway.canary.runner import CanaryRunner
+from gateway.epochs.floor import open_floor_store
+from gateway.epochs.guard import EpochFloorGuard
 from gateway.ledger.feature import UserSaltFeature
 from gateway.ledger.service import LedgerService
 from gateway.limits.rate import open_rate_limiter
@@ -19,7 +21,7 @@ from gateway.limits.slots import RequestLimits
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import ShadowOutcome
-from gateway.policy.loader import PolicySet, load_policy_set
+from gateway.policy.loader import PolicyLoadError, PolicySet, load_policy_set
 from gateway.policy.reloader import PolicyHolder
 from gateway.proxy.balance import UpstreamHealth
 from gateway.proxy.features import Features, RequestFeature
@@ -30,6 +32,9 @@ from gateway.proxy.shape import JsonLimits
 from gateway.proxy.upstream import new_session
 from gateway.reuse.feature import AdmissionFeature
 from gateway.reuse.shared import Admission
+from gateway.reuse.store import open_trace_store
+from gateway.reuse.trace import ReuseTrace, TraceMetrics, TraceSettings
+from gateway.reuse.trace_feature import ReuseTraceFeature
 from gateway.settings import Settings
 from gateway.shadow.client import ShadowClient
 from gateway.shadow.feature import ShadowFeature
@@ -57,12 +62,23 @@ class State:
     storage: Storage
     canary: CanaryRunner
     limits: RequestLimits
+    reuse: ReuseTrace | None = None
+    floors: EpochFloorGuard | None = None
     ready: bool = True
 
 
 async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, genai: OtelGenAIMetrics | None) -> State:
     policies = load_policy_set(Path(settings.policies), os.environ)
+    storage = await Storage.open(settings.redis_url, settings.state_path)
+    floors = EpochFloorGuard(await open_floor_store(storage))
+    try:
+        await floors.start(policies)  # a set below a tenant's salt-epoch floor never comes into force
+    except PolicyLoadError:
+        await storage.close()
+        raise
     holder = PolicyHolder(Path(settings.policies), policies, metrics, os.environ)
+    holder.gate = floors
+    holder.listeners.append(floors.on_installed)
     metrics.prime(policies.tenants, ShadowOutcome)
     holder.listeners.append(lambda current: metrics.prime(current.tenants, ShadowOutcome))
     metrics.prime_admission(returning_tenants(policies))
@@ -70,12 +86,12 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     session = new_session(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
     tasks = TaskSupervisor("gateway")
     tasks.spawn(holder.watch(settings.reload_interval_s), "policy-watch")
-    storage = await Storage.open(settings.redis_url, settings.state_path)
     ledger = await LedgerService.open(settings, metrics, holder, tasks)
     health = UpstreamHealth()
     shadow = _shadow_runner(settings, metrics, health, tasks, await open_shadow_store(storage))
     admission = Admission.on(storage, secret, settings.admission_sketch_width)
-    features = Features(request_features(ledger, shadow, genai, AdmissionFeature(admission, metrics)))
+    reuse = await _reuse_trace(settings, secret, metrics, holder, tasks, storage)
+    features = Features(request_features(ledger, shadow, genai, AdmissionFeature(admission, metrics), reuse))
     log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants),
              features=[feature.name for feature in features.all])
     proxy = Proxy(session, secret, health, features, MissPath(session, secret, metrics, ledger.remember_user_salt),
@@ -83,7 +99,8 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     canary = _canary(session, secret, metrics, holder, tasks)
     limits = RequestLimits(settings.max_in_flight, open_rate_limiter(storage, metrics.rate_limit_fallbacks.inc),
                            metrics)
-    return State(holder, metrics, session, proxy, features, tasks, shadow, ledger, storage, canary, limits)
+    return State(holder, metrics, session, proxy, features, tasks, shadow, ledger, storage, canary, limits, reuse,
+                 floors)
 
 
 def _canary(session: aiohttp.ClientSession, secret: bytes, metrics: GatewayMetrics, holder: PolicyHolder,
@@ -98,7 +115,7 @@ def _canary(session: aiohttp.ClientSession, secret: bytes, metrics: GatewayMetri
 
 def request_features(
     ledger: LedgerService, shadow: ShadowRunner, genai: OtelGenAIMetrics | None,
-    admission: AdmissionFeature | None = None,
+    admission: AdmissionFeature | None = None, reuse: ReuseTrace | None = None,
 ) -> list[RequestFeature]:
     """Every feature that hooks into a request, in the order they run."""
     features: list[RequestFeature] = [UserSaltFeature(ledger.remember_user_salt), ShadowFeature(shadow)]
@@ -106,11 +123,27 @@ def request_features(
         features.append(admission)
     if genai is not None:
         features.append(OtelFeature(genai))
+    if reuse is not None:
+        features.append(ReuseTraceFeature(reuse))
     return features
 
 
 def returning_tenants(policies: PolicySet) -> list[str]:
     return [name for name, tenant in policies.tenants.items() if tenant.offload.admission.mode == "returning"]
+
+
+async def _reuse_trace(settings: Settings, secret: bytes, metrics: GatewayMetrics, holder: PolicyHolder,
+                       tasks: TaskSupervisor, storage: Storage) -> ReuseTrace | None:
+    """The reuse trace behind `kvgate plan` (gateway/reuse/), unless KVGATE_REUSE_TRACE=false."""
+    if not settings.reuse_trace:
+        return None
+    store = await open_trace_store(storage, settings.reuse_max_records)
+    trace_settings = TraceSettings(block_tokens=settings.reuse_block_tokens, sample_rate=settings.reuse_sample_rate,
+                                   max_roots=settings.reuse_max_roots)
+    trace = ReuseTrace(store, secret, trace_settings, TraceMetrics(metrics.registry), lambda: holder.current)
+    holder.listeners.append(trace.on_policies)
+    tasks.spawn(trace.run(), "reuse-trace")
+    return trace
 
 
 def _shadow_runner(
@@ -126,6 +159,8 @@ async def stop(state: State) -> None:
     state.ready = False
     await state.ledger.close()
     await state.tasks.close()
+    if state.reuse is not None:
+        await state.reuse.close()
     await state.shadow.close()
     await state.session.close()
     await state.storage.close()

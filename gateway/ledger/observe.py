@@ -1,4 +1,4 @@
-"""The ledger's Prometheus metrics (contract §4), fed only by batches this process wrote to the store,
+"""The ledger's Prometheus metrics (docs/metrics.md), fed only by batches this process wrote to the store,
 so replicas sharing one stream add up to one count. Tenant labels are configured tenants or
 `unattributed`; records of tenants no longer configured are left out of metrics (the audit still shows them).
 """
@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from gateway.ledger.records import BatchOps, OpenOp
+from gateway.ledger.salts import DigestLru
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import RESERVED_TENANT
@@ -18,6 +19,14 @@ class LedgerMetrics:
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
         self._resident_labels: set[tuple[str, str]] = set()
+        self._evicted_seen = 0
+
+    def user_salts(self, remembered: DigestLru) -> None:
+        self.metrics.user_salts_remembered.set(len(remembered))
+        evicted = remembered.evicted - self._evicted_seen
+        if evicted > 0:
+            self.metrics.user_salts_evicted.inc(evicted)
+            self._evicted_seen = remembered.evicted
 
     def applied(self, batch: BatchOps, policies: PolicySet) -> None:
         stored = Counter((op.tenant, op.medium) for op in batch.ops if isinstance(op, OpenOp))

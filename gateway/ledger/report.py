@@ -1,4 +1,4 @@
-"""The audit report (contract §6) from block records. Pure: records, policies and a clock in; JSON out.
+"""The audit report (docs/reports.md) from block records. Pure: records, policies and a clock in; JSON out.
 
 Window semantics with `since`: stored = stored at or after it; removed, lifetimes and closed_by = removed at
 or after it; resident = resident now. Violations are judged now, against the policy in force now: a resident
@@ -22,6 +22,7 @@ from gateway.policy.loader import PolicySet
 from gateway.policy.model import RESERVED_TENANT, TenantPolicy
 
 BASE_MEDIA = ("GPU", "CPU")
+NOT_AUDITABLE = "not auditable (no salt)"
 
 
 @dataclass
@@ -126,6 +127,8 @@ def _tenant_names(policies: PolicySet, tallies: dict[str, Any], only: str | None
 
 
 def _tenant_view(policy: TenantPolicy | None, media: dict[str, MediumTally], window: Window) -> dict[str, Any]:
+    if policy is not None and policy.cache.isolation == "none":
+        return {"not_auditable": NOT_AUDITABLE}  # its blocks carry no salt: they are under `unattributed`
     allowed = tuple(policy.offload.allowed_media) if policy is not None else ()
     names = list(BASE_MEDIA) + sorted((set(allowed) | set(media)) - set(BASE_MEDIA))
     return {name: _medium_view(media.get(name, MediumTally()), window) for name in names}

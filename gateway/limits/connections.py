@@ -63,7 +63,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0  # bytes received since the current request began, while its head is incomplete
         self._head_size = 0  # exact size of the current head, from the parser callbacks
-        self._message_open = False
         self._head_too_large = False
 
     # -- connection ---------------------------------------------------------------------------------
@@ -102,7 +101,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._message_open = True
         self._unset_keepalive_if_required()
         self._head_bytes = 0
         self._head_size = 0
@@ -121,10 +119,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_head_timer()
         super().on_headers_complete()
 
-    def on_message_complete(self) -> None:
-        self._message_open = False
-        super().on_message_complete()
-
     def _grow_head(self, size: int) -> None:
         self._head_size += size
         if self._head_size > self.limits.max_header_bytes:
@@ -138,10 +132,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.timeout_keep_alive_task = self.loop.call_later(self.limits.idle_timeout_s, self.timeout_keep_alive_handler)
 
     def timeout_keep_alive_handler(self) -> None:
-        # uvicorn arms this after every response; close only if nothing started since.
+        # uvicorn arms this after every response. A response in progress keeps the connection; a request
+        # whose body is still trickling in after its answer (a 408 or 413, say) does not.
         self.timeout_keep_alive_task = None
-        busy = self._message_open or (self.cycle is not None and not self.cycle.response_complete)
-        if busy or self.transport.is_closing():
+        responding = self.cycle is not None and not self.cycle.response_complete
+        if responding or self._head_timer is not None or self.transport.is_closing():
             return
         self.closed.labels("idle_timeout").inc()
         self.transport.close()

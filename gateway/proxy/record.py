@@ -38,6 +38,7 @@ class Exchange:
     miss_path: list[dict[str, str]] | None = None  # the first failure and each retry, when the miss path ran
     stack: list[str] | None = None  # frames (file:line in function) of an unforeseen failure; never its message
     content_encoding: str | None = None  # an upstream body relayed compressed, as the upstream labelled it
+    dropped_fields: tuple[str, ...] = ()  # engine-steering body fields removed by policy
 
 
 def record(metrics: GatewayMetrics, exchange: Exchange) -> None:
@@ -54,6 +55,8 @@ def _record_tenant_metrics(metrics: GatewayMetrics, exchange: Exchange) -> None:
     metrics.duration.labels(tenant, pool, route).observe(exchange.duration_s)
     if exchange.ttft_s is not None:
         metrics.ttft.labels(tenant, pool, route).observe(exchange.ttft_s)
+    for name in exchange.dropped_fields:
+        metrics.engine_fields.labels(tenant, name, "dropped").inc()
     if exchange.usage is not None:
         metrics.prompt_tokens.labels(tenant, pool).inc(exchange.usage.prompt_tokens)
         metrics.cached_prompt_tokens.labels(tenant, pool).inc(exchange.usage.cached_tokens)

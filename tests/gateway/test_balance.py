@@ -11,7 +11,7 @@ from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, si
 from tests.harness import PolicyDir, bearer, run_gateway
 from tests.procs import ServerProcess
 
-FIXED_SECRET = "affinity-test-secret"  # fixed, so the rendezvous placement is the same on every run
+FIXED_SECRET = "affinity-test-secret-of-32-bytes!"  # fixed, so the rendezvous placement is the same on every run
 PREFIXES = [f"shared document number {index} " * 12 for index in range(8)]
 
 

@@ -18,7 +18,7 @@ from tests.procs import ServerProcess, free_port, run_server
 
 DEADLINE_S = 30.0
 CONTROL_KEY = "control-pool-key"  # the control pool's upstream has a key of its own
-CONTROL_KEY_ENV = "KVGATE_TEST_CONTROL_KEY"
+CONTROL_KEY_ENV = "UPSTREAM_TEST_CONTROL_KEY"
 
 
 @pytest.fixture(scope="module")

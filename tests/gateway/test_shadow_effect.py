@@ -21,7 +21,7 @@ from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, si
 from tests.harness import PolicyDir, bearer, new_secret, run_gateway
 from tests.procs import ServerProcess
 
-CONTROL_KEY, CONTROL_KEY_ENV = "control-key", "KVGATE_TEST_CONTROL_KEY"
+CONTROL_KEY, CONTROL_KEY_ENV = "control-key", "UPSTREAM_TEST_CONTROL_KEY"
 GPU_BLOCKS = "256"  # 4,096 tokens: four 1,500-token prompts push an earlier prefix out
 PREFIX_TOKENS = 1500
 

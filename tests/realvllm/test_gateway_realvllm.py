@@ -29,7 +29,7 @@ from tests.realvllm.tooling.vllm_server import RunningVllm
 pytestmark = pytest.mark.realvllm
 
 POOL = "vllm"
-UPSTREAM_KEY_VARIABLE = "KVGATE_TEST_REAL_VLLM_KEY"
+UPSTREAM_KEY_VARIABLE = "UPSTREAM_TEST_REAL_VLLM_KEY"
 ALPHA_EPOCH = 3  # not the default, so a derivation that ignores the epoch is caught
 MAX_TOKENS = 8
 

@@ -26,8 +26,9 @@ class AuthFailure(Unauthorized):
         self.reason = reason
 
 
-def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """The key the client sent, as raw header bytes (any byte sequence is handled, never decoded).
+def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The key the client sent: its header bytes one to one as latin-1 text, so any byte sequence is carried
+    unchanged (never decoded as UTF-8) and compared as bytes.
 
     Several Authorization or x-api-key headers must all carry the same key, and so must the two kinds:
     a front proxy that reads the first header must not authorize a different identity than kvgate does.
@@ -39,7 +40,7 @@ def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
         raise AuthFailure("missing", "An API key is required: send 'Authorization: Bearer <key>'.")
     if bearers and api_keys and not hmac.compare_digest(next(iter(bearers)), next(iter(api_keys))):
         raise AuthFailure("conflicting", "Authorization and x-api-key carry different keys.")
-    return next(iter(bearers or api_keys))
+    return next(iter(bearers or api_keys)).decode("latin-1")
 
 
 def _credential_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[set[bytes], set[bytes]]:
@@ -60,14 +61,23 @@ def _bearer_token(value: bytes) -> bytes:
     return token.strip()
 
 
-def authenticate(key: bytes, policies: PolicySet) -> KeyGrant:
-    digest = hash_key_bytes(key)
+def authenticate(key: str, policies: PolicySet) -> KeyGrant:
+    digest = hash_key_bytes(key_bytes(key))
     # The lookup is keyed by a SHA-256 of the presented secret, so its timing reveals nothing usable;
     # the final comparison is constant-time all the same.
     grant = policies.keys.get(digest)
     if grant is None or not hmac.compare_digest(grant.sha256.encode(), digest.encode()):
         raise AuthFailure("unknown_key", "The API key is not valid.")
     return grant
+
+
+def key_bytes(key: str) -> bytes:
+    """The bytes a key was sent as: latin-1 text from `presented_key` maps back one to one; a key given as other
+    text (the CLI, tests) is UTF-8, which is how `kvgate keys hash` hashes it."""
+    try:
+        return key.encode("latin-1")
+    except UnicodeEncodeError:
+        return key.encode()
 
 
 def check_path(raw_path: bytes) -> None:

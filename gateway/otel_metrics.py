@@ -28,7 +28,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from gateway.sse import Usage
+from gateway.proxy.sse import Usage
 
 PROVIDER_NAME = "vllm"  # no well-known value exists for vLLM; the conventions allow a custom one
 OTHER = "_OTHER"
@@ -51,7 +51,7 @@ BASE_LABELS = ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_
 
 
 class GenAIExchange(Protocol):
-    """What one finished request must tell (gateway.record.Exchange, once it carries the model)."""
+    """What one finished request must tell (gateway.proxy.record.Exchange, once it carries the model)."""
 
     @property
     def route(self) -> str: ...

@@ -12,20 +12,20 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.balance import UpstreamHealth
 from gateway.errors import UpstreamUnavailable
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import TenantPolicy
-from gateway.rollout import draw_percent
+from gateway.proxy.balance import UpstreamHealth
+from gateway.proxy.rollout import draw_percent
+from gateway.proxy.sse import stream_usage, usage_from_json
+from gateway.proxy.upstream import pool_auth
 from gateway.shadow.client import ShadowAnswer, ShadowClient
 from gateway.shadow.compare import ArmResult, generated_text, pair_record
 from gateway.shadow.recorder import ShadowRecorder
 from gateway.shadow.stats import tenant_summary
-from gateway.sse import stream_usage, usage_from_json
 from gateway.tasks import TaskSupervisor
-from gateway.upstream import pool_auth
 
 log = get_logger(__name__)
 

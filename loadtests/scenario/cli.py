@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from gateway.loadtest_cli import add_arguments
+from gateway.cli.loadtest import add_arguments
 from loadtests.scenario.environment import describe
 from loadtests.scenario.markdown import render_markdown
 from loadtests.scenario.model import ARMS, Scenario, ScenarioError, load_scenario

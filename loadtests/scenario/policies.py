@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from gateway.keys import hash_key, new_key
-from gateway.rollout import draw_percent
+from gateway.proxy.rollout import draw_percent
 from loadtests.scenario.model import Scenario
 from loadtests.scenario.targets import Access, TenantAccess
 
@@ -46,7 +46,7 @@ def tenant_policy(scenario: Scenario, name: str, override: Mapping[str, Any]) ->
 
 
 def arm_users(scenario: Scenario, policy: Mapping[str, Any]) -> dict[str, str]:
-    """One end user per arm whom this tenant's rollout sends to the arm's pool (gateway.rollout's draw)."""
+    """One end user per arm whom this tenant's rollout sends to the arm's pool (gateway.proxy.rollout's draw)."""
     rollout = policy["rollout"]
     tenant = str(policy["tenant"])
     found: dict[str, str] = {}

@@ -13,7 +13,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.localproc import ServerProcess, free_port, free_port_pair, kvgate_command, wait_until_ready
+from gateway.devtools.localproc import ServerProcess, free_port, free_port_pair, kvgate_command, wait_until_ready
 from loadtests.scenario.model import ARMS, Scenario
 from loadtests.scenario.policies import write_policy_dir
 from loadtests.scenario.targets import Targets, Upstream

@@ -17,14 +17,14 @@ from gateway.otel_metrics import (
     TTFT_BUCKETS,
     OtelGenAIMetrics,
 )
+from gateway.proxy.sse import Usage
 from gateway.settings import Settings
-from gateway.sse import Usage
 from tests.deploy.tools import output, run, system_tool
 
 
 @dataclass
 class Finished:
-    """The fields of gateway.record.Exchange that OtelGenAIMetrics.record reads."""
+    """The fields of gateway.proxy.record.Exchange that OtelGenAIMetrics.record reads."""
 
     route: str = "/v1/chat/completions"
     status: int = 200

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 from types import TracebackType
 
-from gateway.asgi_io import Receive, wait_disconnect
+from gateway.http.asgi import Receive, wait_disconnect
 
 
 class DisconnectGuard:

@@ -1,7 +1,7 @@
 """`kvgate audit` and `kvgate tenant forget`: the ledger from the command line.
 
 `kvgate audit` reads the store directly (SQLite at KVGATE_STATE_PATH, or Redis at KVGATE_REDIS_URL), so it
-works whether or not a gateway is running. Run as `python -m gateway.audit_cli` too.
+works whether or not a gateway is running. Run as `python -m gateway.cli.audit` too.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
-from gateway.demo.report import phase_table, retention_table, traffic_table
-from gateway.demo.stack import DemoStack, demo_stack
-from gateway.demo.workload import SPLIT_TENANT, run_workload
+from gateway.devtools.demo.report import phase_table, retention_table, traffic_table
+from gateway.devtools.demo.stack import DemoStack, demo_stack
+from gateway.devtools.demo.workload import SPLIT_TENANT, run_workload
 from gateway.shadow.table import shadow_table
 
 

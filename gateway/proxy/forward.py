@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import aiohttp
 import msgspec
 
-from gateway.asgi_io import (
+from gateway.errors import UnsupportedMediaType, openai_error_body
+from gateway.http.asgi import (
     JSON_TYPE,
     Receive,
     Scope,
@@ -24,20 +25,19 @@ from gateway.asgi_io import (
     send_body,
     start_message,
 )
-from gateway.assemble import StreamAssembler
-from gateway.balance import UpstreamHealth
-from gateway.disconnect import DisconnectGuard
-from gateway.errors import UnsupportedMediaType, openai_error_body
+from gateway.http.disconnect import DisconnectGuard
+from gateway.http.routes import Kind, RouteSpec
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import TenantPolicy
-from gateway.record import Exchange
-from gateway.rewrite import RewrittenRequest, parse_json_object, rewrite_request
-from gateway.rollout import choose_pool
-from gateway.routes import Kind, RouteSpec
+from gateway.proxy.assemble import StreamAssembler
+from gateway.proxy.balance import UpstreamHealth
+from gateway.proxy.record import Exchange
+from gateway.proxy.rewrite import RewrittenRequest, parse_json_object, rewrite_request
+from gateway.proxy.rollout import choose_pool
+from gateway.proxy.sse import StreamWatch, usage_from_json
+from gateway.proxy.upstream import open_first_reachable, upstream_errors, upstream_headers
 from gateway.shadow.compare import ArmResult, generated_text
 from gateway.shadow.runner import PrimarySlot, ShadowCall, ShadowRunner
-from gateway.sse import StreamWatch, usage_from_json
-from gateway.upstream import open_first_reachable, upstream_errors, upstream_headers
 
 STREAM_FAILURES = (aiohttp.ClientError, TimeoutError)
 UserSaltSink = Callable[[str, int, str], None]

@@ -11,8 +11,8 @@ from typing import Any
 import msgspec
 
 from gateway.errors import BadRequest
+from gateway.http.routes import Kind, RouteSpec
 from gateway.policy.model import OffloadPolicy, TenantPolicy
-from gateway.routes import Kind, RouteSpec
 from gateway.salts import derive_salt
 
 CAP_KEYS = ("max_load_tokens", "max_offload_tokens")

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
-from gateway.sse import Usage
+from gateway.proxy.sse import Usage
 
 log = get_logger("gateway.request")
 NO_POOL = "none"

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
+from gateway.devtools.localproc import ServerProcess, free_port, free_port_pair, kvgate_command, run_server
 from gateway.keys import hash_key, new_key
-from gateway.localproc import ServerProcess, free_port, free_port_pair, kvgate_command, run_server
 
 EXAMPLE_POLICIES = Path(__file__).resolve().parents[2] / "policies"
 GPU_BLOCKS = "640"  # 10,240 tokens: a few long prefixes per tenant overflow it, so eviction happens

@@ -19,12 +19,12 @@ import aiohttp
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from gateway.admin import policies_view
-from gateway.asgi_io import ClientDisconnected, Receive, Scope, Send, send_body, send_error
-from gateway.audit_cli import parse_since
-from gateway.auth import AuthFailure, authenticate, authorize, check_path, presented_key
-from gateway.balance import UpstreamHealth
+from gateway.cli.audit import parse_since
 from gateway.errors import BadRequest, Forbidden, GatewayError, NotFound, openai_error_body
+from gateway.http.admin import policies_view
+from gateway.http.asgi import ClientDisconnected, Receive, Scope, Send, send_body, send_error
+from gateway.http.auth import AuthFailure, authenticate, authorize, check_path, presented_key
+from gateway.http.routes import FORWARDED_KINDS, ROUTES, Kind, RouteSpec
 from gateway.ledger.service import LedgerService
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
@@ -32,16 +32,16 @@ from gateway.otel_metrics import OtelGenAIMetrics
 from gateway.policy.loader import KeyGrant, PolicySet, load_policy_set
 from gateway.policy.model import RESERVED_TENANT
 from gateway.policy.reloader import PolicyHolder
-from gateway.proxy import Proxy
-from gateway.record import Exchange, record
-from gateway.routes import FORWARDED_KINDS, ROUTES, Kind, RouteSpec
+from gateway.proxy.balance import UpstreamHealth
+from gateway.proxy.forward import Proxy
+from gateway.proxy.record import Exchange, record
+from gateway.proxy.upstream import new_session
 from gateway.settings import Settings
 from gateway.shadow.client import ShadowClient
 from gateway.shadow.recorder import ShadowRecorder
 from gateway.shadow.runner import ShadowRunner
 from gateway.shadow.store import open_shadow_store
 from gateway.tasks import TaskSupervisor
-from gateway.upstream import new_session
 
 log = get_logger(__name__)
 UNMATCHED_ROUTE = "unmatched"

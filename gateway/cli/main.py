@@ -46,7 +46,7 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.serve import run_gateway
+    from gateway.cli.serve import run_gateway
 
     overrides = {key: value for key in ("policies", "host", "port") if (value := getattr(args, key)) is not None}
     return run_gateway(overrides)
@@ -109,7 +109,7 @@ def _add_shadow(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _add_audit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from gateway import audit_cli
+    from gateway.cli import audit as audit_cli
 
     audit = commands.add_parser("audit", help="block-lifecycle report from the ledger")
     audit_cli.add_audit_arguments(audit)
@@ -125,14 +125,14 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _add_loadtest(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from gateway import loadtest_cli
+    from gateway.cli import loadtest as loadtest_cli
 
     help_text = "offload A/B protocol through the gateway, with a report"
     loadtest_cli.add_arguments(commands.add_parser("loadtest", help=help_text))
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from gateway.demo import run_demo
+    from gateway.devtools.demo import run_demo
 
     result: int = run_demo()
     return result

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from gateway.rollout import draw_percent
+from gateway.proxy.rollout import draw_percent
 
 MODEL = "sim-model"
 PREFIX_TOKENS = 1500  # the simulator's tokenizer is byte-level: one token per byte

@@ -12,9 +12,9 @@ from contextlib import contextmanager
 
 import aiohttp
 
-from gateway.balance import UpstreamHealth
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.policy.model import PoolConfig
+from gateway.proxy.balance import UpstreamHealth
 
 # Inbound headers that may travel upstream; everything else (keys, hop-by-hop headers, vLLM steering
 # headers such as X-data-parallel-rank, X-Vllm-Priority, X-Session-ID) is dropped.

@@ -8,7 +8,7 @@ from typing import Any
 import uvicorn
 from pydantic import ValidationError
 
-from gateway.app import GatewayApp
+from gateway.http.app import GatewayApp
 from gateway.log import configure_logging
 from gateway.policy.loader import PolicyLoadError, load_policy_set
 from gateway.settings import Settings

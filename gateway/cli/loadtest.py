@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _checkout_root() -> Path | None:
     """The source checkout this package runs from (an editable install), if it has the runner."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     return root if (root / "loadtests" / "scenario" / "cli.py").is_file() else None
 
 

@@ -36,6 +36,7 @@ KNOWN_SALTS: dict[SaltKey, str] = {
     (UNIT_SECRET, "acme", 1, None): "e63976d79e43f0ab546c4a09c845af397c01a1f53d2a958722d8d38eef61dac8",
     (UNIT_SECRET, "acme", 3, None): "f68ef0974d21ea56b2294de0c248ddfb2a6ba385c92acad272a2f16dda78631c",
     (UNIT_SECRET, "acme", 1, "u1"): "53ec697e8a905687dd1d9989da5e8a5ed65ef535ba5bc4595db3f201403bbec2",
+    (UNIT_SECRET, "acme", 1, "hdr"): "2177ba399a6a9b44fdf0b34405cbdba734adbdff425241d50434a6596cef2df2",
     # One message under two secrets that differ only in case: the secret must change the result.
     ("k", "acme", 3, None): "dcd35cde0d2b50501ac9165d7d86f92d4dfbbcd9ed65decb33641409a97fd84c",
     ("K", "acme", 3, None): "6614c2bbe1552f8d9709da527fa5b09742b7df24108f219643c29325f8ca6d05",

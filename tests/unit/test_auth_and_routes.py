@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from gateway.errors import BadRequest, Forbidden
@@ -132,3 +134,45 @@ def test_the_route_table_is_exactly_the_documented_one() -> None:
 
 def test_only_generation_embedding_and_plain_routes_are_forwarded() -> None:
     assert {Kind.GENERATE, Kind.EMBED, Kind.FORWARD} == FORWARDED_KINDS
+
+
+def test_failure_messages_name_what_to_send() -> None:
+    messages = {}
+    calls: dict[str, Callable[[], object]] = {
+        "missing": lambda: presented_key([]),
+        "conflicting": lambda: presented_key(headers(authorization="Bearer a", x_api_key="b")),
+        "malformed": lambda: presented_key(headers(authorization="Basic a")),
+        "unknown_key": lambda: authenticate("kvg_other", _policies()),
+    }
+    for name, call in calls.items():
+        with pytest.raises(AuthFailure) as raised:
+            call()
+        assert raised.value.reason == name
+        messages[name] = (raised.value.message, str(raised.value))
+    assert messages == {
+        "missing": ("An API key is required: send 'Authorization: Bearer <key>'.",) * 2,
+        "conflicting": ("Authorization and x-api-key carry different keys.",) * 2,
+        "malformed": ("The Authorization header must be 'Bearer <key>'.",) * 2,
+        "unknown_key": ("The API key is not valid.",) * 2,
+    }
+
+
+def test_path_and_scope_messages() -> None:
+    with pytest.raises(BadRequest) as bad:
+        check_path(b"//x")
+    assert bad.value.message == "The request path is ambiguous (encoded separators, dot segments or '//')."
+    with pytest.raises(Forbidden) as forbidden:
+        authorize(_grant(("inference",)), ROUTES["/admin/audit"])
+    assert forbidden.value.message == "This key lacks the 'admin' scope needed for /admin/audit."
+
+
+def test_non_ascii_key_bytes_are_read_as_latin_1() -> None:
+    assert presented_key([(b"x-api-key", "kéy".encode("latin-1"))]) == "kéy"
+    assert presented_key([(b"authorization", "Bearer kéy".encode("latin-1"))]) == "kéy"
+
+
+def test_route_helper_builds_a_spec() -> None:
+    from gateway.http.routes import _route
+
+    assert _route("/x", "GET HEAD", "admin", Kind.ADMIN) == (
+        "/x", RouteSpec("/x", frozenset({"GET", "HEAD"}), "admin", Kind.ADMIN))

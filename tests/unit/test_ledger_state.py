@@ -318,3 +318,35 @@ def test_chain_attribution_reaches_children_in_a_later_batch() -> None:
 
 def test_digest_helper_matches_hashlib() -> None:
     assert salt_digest(ACME_2) == hashlib.sha256(ACME_2.encode()).digest()[:16]
+
+
+def test_three_copies_need_three_removals() -> None:
+    state = LedgerState(index())
+    for seq in range(3):
+        state.apply("s", seq, batch(float(seq), stored([1], ACME_2)), "v")
+    assert state.apply("s", 3, batch(10.0, BlockRemoved([1])), "v").ops == []
+    assert state.apply("s", 4, batch(11.0, BlockRemoved([1])), "v").ops == []
+    assert state.apply("s", 5, batch(12.0, BlockRemoved([1])), "v").ops == [CloseOp("GPU", 1, 12.0)]
+
+
+def test_a_removal_of_a_duplicate_does_not_stop_the_rest_of_the_event() -> None:
+    state = LedgerState(index())
+    state.apply("s", 0, batch(1.0, stored([1, 2], ACME_2), stored([1], ACME_2)), "v")
+    out = state.apply("s", 1, batch(2.0, BlockRemoved([1, 2])), "v")
+    assert out.ops == [CloseOp("GPU", 2, 2.0)]
+
+
+def test_load_counts_every_distinct_block() -> None:
+    state = LedgerState(index())
+    state.load([OpenBlock("s", "GPU", 1, "acme", 2, 5.0), OpenBlock("s", "GPU", 2, "acme", 2, 5.0),
+                OpenBlock("t", "GPU", 1, "acme", 2, 5.0)])
+    assert state.resident_counts == Counter({("acme", "GPU"): 3})
+
+
+def test_an_empty_index_takes_users_without_tenants() -> None:
+    entry = SaltDigestEntry("acme", 0, salt_digest("lonely"))
+    salts = SaltIndex()
+    salts.add_users([entry])
+    assert salts.match(["lonely"]) is None
+    assert salts.users() == [entry]
+    assert len(salts) == 0

@@ -103,3 +103,9 @@ def test_some_users_stay_back_below_full_rollout() -> None:
     policies, tenant = _policies(50)
     pools = [choose_pool(policies, tenant, f"u{index}", "rid") for index in range(200)]
     assert 60 < pools.count("offload") < 140
+
+
+def test_a_draw_exactly_at_percent_stays_back() -> None:
+    """`percent` is exclusive: a user whose draw equals it is not moved (monotone: raising it moves them)."""
+    policies, tenant = _sticky_policies(DRAWS["user:t:alice"])
+    assert choose_pool(policies, tenant, "alice", "rid-1") == "control"

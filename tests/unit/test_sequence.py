@@ -55,3 +55,10 @@ def test_missing_counts_the_batches_of_a_gap() -> None:
     assert Arrival(Verdict.NEXT).missing == 0
     assert Arrival(Verdict.GAP, 6, 2).missing == 0
     assert Arrival(Verdict.DUPLICATE) == Arrival(Verdict.DUPLICATE, 0, -1)
+
+
+def test_without_a_publisher_id_no_restart_is_inferred_from_the_id() -> None:
+    assert SequenceTracker(Cursor(4, 10.0, b"old")).classify(5, 10.0) == Arrival(Verdict.NEXT)
+    tracker = SequenceTracker()
+    tracker.accept(1, 2.0)
+    assert tracker.cursor == Cursor(1, 2.0, b"")

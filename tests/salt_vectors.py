@@ -22,6 +22,7 @@ KNOWN_SALTS: dict[SaltKey, str] = {
     (GATEWAY_SECRET, "gamma", 1, None): "0326094fc5eeeb37a729721319d519da43d59582818b77ee84f845bdafe1d650",
     (GATEWAY_SECRET, "gamma", 1, "alice"): "cd862a05a0265fce4474fec99aa2fc7efc79a4771a7688bc64f1638d1ddb381b",
     (GATEWAY_SECRET, "gamma", 1, "bob"): "0ab6a0a7147cdc28594460f5c8c266a655002934add9490ecbf86954f7939d83",
+    (GATEWAY_SECRET, "gamma", 1, "carol"): "2ea600e7b95985290ffd80a2d44566a767792316b1eb8a54fbde647c210fd1f2",
     (GATEWAY_SECRET, "delta", 1, None): "57fe296d5ab0dca89bf8c1535dbc2fc9a827275ac59973f0b93f59bb278571c0",
     (GATEWAY_SECRET, "ops", 1, None): "e65ad9bd5cfde031c69fd17051a112a90e178bf23553c9f7d90a6fbe6768fc94",
     (GATEWAY_SECRET, "root", 1, None): "b507461f7f7615fb873b6c00ee7d22f11a6cb1221858cfb1c3036b228c4ee006",

@@ -188,3 +188,10 @@ def test_chat_with_measure_ttft_is_assembled_and_responses_are_not() -> None:
     embed = run({"model": "m", "input": "x"}, tenant(measure_ttft=True), "/v1/embeddings")
     assert not embed.assemble and not embed.strip_usage
     assert json.loads(embed.body)["cache_salt"] == ACME_SALT
+
+
+def test_tenant_isolation_ignores_the_user_field() -> None:
+    """Only `isolation: user` salts per user; a `user` field (or header) must not split a tenant's cache."""
+    result = run({"model": "m", "prompt": "x", "user": "u1"}, header_user=None)
+    assert json.loads(result.body)["cache_salt"] == ACME_SALT
+    assert json.loads(run({"model": "m", "prompt": "x"}, header_user="hdr").body)["cache_salt"] == ACME_SALT

@@ -98,6 +98,8 @@ def test_usage_from_json_refuses_what_is_not_an_object() -> None:
      (TEXT_CHUNK + USAGE_CHUNK.rstrip(b"\n"), 7),  # no blank line after it
      (b'data: {"choices":[],\ndata: "usage":{"prompt_tokens":4}}\n\n', 4),  # one event, two data lines
      (b'data:{"choices":[],"usage":{"prompt_tokens":5}}\n\n', 5),  # no space after the colon
+     (b"\n\n" + USAGE_CHUNK, 7),  # a blank line first
+     (b"x\n\n" + USAGE_CHUNK, 7),
      (TEXT_CHUNK + DONE, None),
      (b'data: [{"usage":{"prompt_tokens":1}}]\n\n', None)],
 )

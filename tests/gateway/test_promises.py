@@ -7,6 +7,7 @@ Each test names the wrong version it catches. Expected salts are literal known-a
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import time
 import uuid
@@ -254,3 +255,14 @@ def test_admin_reload_of_a_broken_directory_keeps_the_last_good_set(
     assert _reload_errors(gateway, policy) == errors + 1
     assert _salt_for(gateway, sim, policy.keys["acme"]) == expected_salt(SECRET, "acme", 1)
 
+
+
+def test_sighup_with_a_broken_directory_keeps_the_last_good_set(
+    manual_reload_gateway: tuple[ServerProcess, PolicyDir], sim: ServerProcess
+) -> None:
+    gateway, policy = manual_reload_gateway
+    errors = _reload_errors(gateway, policy)
+    (policy.root / "tenants" / "broken.yaml").write_text("tenant: broken\nkeys: not-a-list\n")
+    gateway.send_signal(signal.SIGHUP)
+    _poll(lambda: _reload_errors(gateway, policy) == errors + 1, "the rejected reload counted")
+    assert _salt_for(gateway, sim, policy.keys["acme"]) == expected_salt(SECRET, "acme", 1)

@@ -6,9 +6,9 @@ Label values for `tenant` come only from the loaded policy set (plus the ledger'
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Iterable
 
-from gateway.policy.loader import PolicySet
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # vLLM's own TTFT buckets, so gateway and engine histograms line up.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -27,20 +27,29 @@ class GatewayMetrics:
         self._request_metrics(registry)
         self._shadow_metrics(registry)
         self._ledger_metrics(registry)
+        self._offload_metrics(registry)
         self.auth_failures = Counter(
             "kvgate_auth_failures", "Requests refused for a missing, malformed or unknown key, or a scope.",
             ["reason"], registry=registry)
         self.policy_reloads = Counter(
             "kvgate_policy_reloads", "Policy directory loads by result.", ["result"], registry=registry)
 
-    def prime(self, policies: PolicySet) -> None:
+    def prime(self, tenants: Iterable[str], shadow_outcomes: Iterable[str]) -> None:
         """Create every tenant's event counters at 0, so the first violation or mismatch is a visible rise."""
-        for tenant in policies.tenants:
+        shadow_outcomes = tuple(shadow_outcomes)
+        for tenant in tenants:
             for kind in ("age", "medium"):
                 self.retention_violations.labels(tenant, kind)
-            for outcome in ("compared", "dropped", "error"):
+            for outcome in shadow_outcomes:
                 self.shadow_requests.labels(tenant, outcome)
             self.shadow_mismatches.labels(tenant)
+
+    def prime_admission(self, returning_tenants: Iterable[str]) -> None:
+        """Admission counters at 0 for tenants whose policy says `returning` (others never decide)."""
+        for tenant in returning_tenants:
+            for decision in ("returning", "new", "short"):
+                self.offload_admission.labels(tenant, decision)
+            self.offload_admission_errors.labels(tenant)
 
     def _request_metrics(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
@@ -72,6 +81,18 @@ class GatewayMetrics:
         self.shadow_mismatches = Counter(
             "kvgate_shadow_mismatches", "Deterministic pairs whose generated text differed.", ["tenant"],
             registry=registry)
+
+    def _offload_metrics(self, registry: CollectorRegistry) -> None:
+        self.offload_admission = Counter(
+            "kvgate_offload_admission", "Offload admission decisions (returning: stored up to the cap; new, short: "
+            "sent with max_offload_tokens 0).", ["tenant", "decision"], registry=registry)
+        self.offload_admission_errors = Counter(
+            "kvgate_offload_admission_errors", "Admission decisions taken by the local sketch because Redis did "
+            "not answer.", ["tenant"], registry=registry)
+        self.miss_path = Counter(
+            "kvgate_miss_path", "Retries after a failure before the first byte, by pool retried, action "
+            "(recompute_max_load_tokens, recompute_salt, else_pool) and result (ok, failed).",
+            ["tenant", "pool", "action", "result"], registry=registry)
 
     def _ledger_metrics(self, registry: CollectorRegistry) -> None:
         self.blocks_stored = Counter(

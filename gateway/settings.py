@@ -28,4 +28,5 @@ class Settings(BaseSettings):
     reload_interval_s: float = Field(default=1.0, gt=0)
     shadow_timeout_s: float = Field(default=120.0, gt=0)
     shadow_flush_interval_s: float = Field(default=0.5, gt=0)  # shadow results are written in batches this often
-    otel_metrics: bool = False  # also expose the OpenTelemetry GenAI metrics (gateway/otel_metrics.py)
+    admission_sketch_width: int = Field(default=65536, ge=1, le=65536)  # counters per row (power of two)
+    otel_metrics: bool = False  # also expose the OpenTelemetry GenAI metrics (gateway/proxy/otel_metrics.py)

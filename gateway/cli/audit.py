@@ -14,10 +14,11 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gateway.isotime import parse_since
 from gateway.ledger.audit import collect_audit
 from gateway.ledger.config import LedgerSettings
 from gateway.ledger.factory import open_store
@@ -42,11 +43,6 @@ def add_tenant_arguments(parser: argparse.ArgumentParser) -> None:
                                 "unreachable; `kvgate audit` shows them draining")
     forget.add_argument("tenant")
     forget.add_argument("--policies", type=Path, help="policy directory (env KVGATE_POLICIES, default ./policies)")
-
-
-def parse_since(text: str) -> datetime:
-    moment = datetime.fromisoformat(text)
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def run_audit(args: argparse.Namespace) -> int:
@@ -127,6 +123,7 @@ def _table(report: dict[str, Any], rows: list[tuple[Any, ...]]) -> str:
     lines += ["  ".join(str(value).rjust(width) for value, width in zip(row, widths, strict=True)) for row in cells]
     lines += [f"source {gap['source']}: {gap['missing_batches']} missing batches, {gap['restarts']} restarts, "
               f"{gap['lost']} lost" for gap in report["gaps"]]
+    lines += [f"pool {pool}: unobserved: {'; '.join(what)}" for pool, what in report.get("unobserved", {}).items()]
     return "\n".join(lines) + "\n"
 
 

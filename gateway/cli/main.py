@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gateway.connectors.capabilities import connector_warnings
 from gateway.keys import hash_key, new_key, policy_line
-from gateway.policy.loader import PolicyLoadError, load_policy_set
+from gateway.policy.loader import PolicyLoadError, load_policy_set, missing_credentials
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -34,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit(commands)
     _add_demo(commands)
     _add_loadtest(commands)
+    _add_canary(commands)
+    _add_doctor(commands)
     return parser
 
 
@@ -66,7 +70,13 @@ def _policy_check(args: argparse.Namespace) -> int:
         for problem in error.problems:
             print(problem, file=sys.stderr)
         return 1
+    for pool in missing_credentials(policies.gateway, os.environ):
+        variable = policies.gateway.pools[pool].api_key_env
+        print(f"warning: pools.{pool}.api_key_env: ${variable} is not set here; `kvgate serve` refuses to start "
+              "(and a reload is rejected) until it is", file=sys.stderr)
     print(f"ok: {len(policies.tenants)} tenants, {len(policies.gateway.pools)} pools, version {policies.version}")
+    for line in connector_warnings(policies):
+        print(f"warning: {line}", file=sys.stderr)
     return 0
 
 
@@ -128,7 +138,22 @@ def _add_loadtest(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     from gateway.cli import loadtest as loadtest_cli
 
     help_text = "offload A/B protocol through the gateway, with a report"
-    loadtest_cli.add_arguments(commands.add_parser("loadtest", help=help_text))
+    loadtest = commands.add_parser("loadtest", help=help_text)
+    loadtest_cli.add_arguments(loadtest)
+    loadtest.set_defaults(command=loadtest_cli.run)
+
+
+def _add_canary(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.cli import canary as canary_cli
+
+    canary_cli.add_arguments(commands.add_parser("canary", help="probe tenant isolation on every pool now"))
+
+
+def _add_doctor(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.cli import doctor
+
+    help_text = "what each upstream says: version, max_load_tokens, offload tier, kv_load_failure_policy"
+    doctor.add_arguments(commands.add_parser("doctor", help=help_text))
 
 
 def _demo(args: argparse.Namespace) -> int:

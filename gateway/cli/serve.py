@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -24,7 +25,7 @@ def run_gateway(overrides: dict[str, Any]) -> int:
         print("KVGATE_SALT_SECRET must be set (the secret cache salts are derived from)", file=sys.stderr)
         return 2
     try:
-        load_policy_set(settings.policies)
+        load_policy_set(settings.policies, os.environ)
     except PolicyLoadError as error:
         print("\n".join(error.problems), file=sys.stderr)
         return 1

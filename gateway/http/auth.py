@@ -10,9 +10,9 @@ import re
 from collections.abc import Iterable
 
 from gateway.errors import BadRequest, Forbidden, Unauthorized
-from gateway.http.routes import RouteSpec
 from gateway.keys import hash_key
 from gateway.policy.loader import KeyGrant, PolicySet
+from gateway.routes import RouteSpec
 
 # Raw-path shapes that different servers resolve differently; refusing them keeps one meaning per path.
 AMBIGUOUS_PATH = re.compile(rb"%(?:2f|5c|2e|00)|//|\\|(?:^|/)\.\.?(?:/|$)|[\x00-\x20\x7f]", re.IGNORECASE)

@@ -16,10 +16,10 @@ import zmq
 import zmq.asyncio
 
 from gateway.kvevents.endpoints import SourceSpec
+from gateway.kvevents.formats.base import decoder_for
 from gateway.kvevents.sequence import Cursor, SequenceTracker, Verdict
 from gateway.kvevents.wire import (
     END_OF_REPLAY,
-    BatchDecoder,
     Envelope,
     EventBatch,
     WireError,
@@ -59,7 +59,7 @@ class Subscriber:
         self.timing = timing
         self.tracker = SequenceTracker(cursor)
         self._context = context
-        self._decoder = BatchDecoder()
+        self._decoder = decoder_for(spec.format)
         self._dealer: zmq.asyncio.Socket | None = None
         self._replay_answered = False
         self._last_sign_of_life = time.monotonic()

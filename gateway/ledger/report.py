@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.kvevents.endpoints import plan_sources
+from gateway.kvevents.formats.lmcache import UNOBSERVED
 from gateway.ledger.records import BlockRecord, SourceEvent
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import RESERVED_TENANT, TenantPolicy
@@ -68,6 +69,8 @@ def build_report(inputs: AuditInputs, policies: PolicySet, window: Window, tenan
         "policy_version": policies.version,
         "since": iso(window.since) if window.since is not None else None,
         "gaps": _gaps(policies, inputs),
+        # What the events of LMCache pools never report: such blocks stay resident here, never shown removed.
+        "unobserved": {name: list(UNOBSERVED) for name, pool in policies.gateway.pools.items() if pool.lmcache},
         "tenants": {name: _tenant_view(policies.tenants.get(name), tallies.get(name, {}), window)
                     for name in names},
     }

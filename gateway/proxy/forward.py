@@ -8,14 +8,12 @@ which closes the upstream connection, so upstream stops generating.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import aiohttp
 import msgspec
 
-from gateway.errors import UnsupportedMediaType, openai_error_body
-from gateway.http.asgi import (
+from gateway.asgi.disconnect import DisconnectGuard
+from gateway.asgi.io import (
     JSON_TYPE,
     Receive,
     Scope,
@@ -25,95 +23,72 @@ from gateway.http.asgi import (
     send_body,
     start_message,
 )
-from gateway.http.disconnect import DisconnectGuard
-from gateway.http.routes import Kind, RouteSpec
+from gateway.connectors.lmcache_tags import body_for_pool
+from gateway.errors import GatewayError, UnsupportedMediaType, openai_error_body
+from gateway.outcomes import Outcome
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import TenantPolicy
 from gateway.proxy.assemble import StreamAssembler
 from gateway.proxy.balance import UpstreamHealth
+from gateway.proxy.features import Call, Features, Finish, Outbound
+from gateway.proxy.misspath import Failure, MissPath, peek_stream
 from gateway.proxy.record import Exchange
 from gateway.proxy.rewrite import RewrittenRequest, parse_json_object, rewrite_request
 from gateway.proxy.rollout import choose_pool
 from gateway.proxy.sse import StreamWatch, usage_from_json
 from gateway.proxy.upstream import open_first_reachable, upstream_errors, upstream_headers
-from gateway.shadow.compare import ArmResult, generated_text
-from gateway.shadow.runner import PrimarySlot, ShadowCall, ShadowRunner
+from gateway.routes import Kind, RouteSpec, StreamStyle
 
 STREAM_FAILURES = (aiohttp.ClientError, TimeoutError)
-UserSaltSink = Callable[[str, int, str], None]
-RESPONSES_PATH = "/v1/responses"
-
-
-@dataclass(frozen=True)
-class Outbound:
-    """One prepared upstream request."""
-
-    method: str
-    candidates: list[str]  # upstreams of the pool, best first
-    target: str  # path and query
-    headers: dict[str, str]
-    body: bytes | None
-    prepared: RewrittenRequest | None
 
 
 class Proxy:
     def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, health: UpstreamHealth,
-                 shadow: ShadowRunner | None, remember_user_salt: UserSaltSink) -> None:
+                 features: Features, miss_path: MissPath | None = None) -> None:
         self.session = session
         self.salt_secret = salt_secret
         self.health = health
-        self.shadow = shadow
-        self.remember_user_salt = remember_user_salt
+        self.features = features
+        self.miss_path = miss_path
 
     async def forward(
         self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
         scope: Scope, receive: Receive, send: Send,
     ) -> None:
-        outbound = await self._outbound(ex, policies, tenant, route, scope, receive)
-        slot = self._mirror(ex, policies, tenant, route, outbound)
+        finishes: list[Finish] = []
         try:
+            call, outbound = await self._outbound(ex, policies, tenant, route, scope, receive, finishes)
+            finishes += self.features.sent(call, outbound, ex)
             async with DisconnectGuard(receive) as guard:
-                await self._relay(ex, route, outbound, send)
+                await self._relay(ex, call, outbound, send)
             if guard.disconnected:
-                ex.outcome = "client_disconnected"
+                ex.outcome = Outcome.CLIENT_DISCONNECTED
                 ex.status = ex.status or 499
         finally:
-            if slot is not None:
-                slot.set(primary_result(ex))
-
-    def _mirror(
-        self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec, outbound: Outbound
-    ) -> PrimarySlot | None:
-        prepared = outbound.prepared
-        if self.shadow is None or prepared is None or route.kind is not Kind.GENERATE:
-            return None
-        if not self.shadow.sampled(tenant, ex.request_id, ex.pool):
-            return None
-        shadow_id = f"{ex.request_id}-shadow"
-        call = ShadowCall(tenant=tenant.tenant, primary_pool=ex.pool, path=route.path, request_id=shadow_id,
-                          headers={**outbound.headers, "x-request-id": shadow_id}, body=prepared.body,
-                          streamed=prepared.upstream_stream, deterministic=prepared.deterministic,
-                          affinity=prepared.affinity)
-        slot = self.shadow.mirror(policies, tenant, call)
-        if slot is not None:
-            ex.capture = bytearray()
-        return slot
+            for finish in finishes:
+                finish(ex)
 
     async def _outbound(
         self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
-        scope: Scope, receive: Receive,
-    ) -> Outbound:
+        scope: Scope, receive: Receive, finishes: list[Finish],
+    ) -> tuple[Call, Outbound]:
         body = await self._body(scope, receive, route, policies)
         prepared = self._prepare(body, route, tenant, scope)
         ex.model = prepared.model if prepared is not None else None
         ex.pool = choose_pool(policies, tenant, prepared.user if prepared else None, ex.request_id)
         pool = policies.gateway.pools[ex.pool]
+        call = Call(ex.request_id, policies, tenant, route, ex.pool, pool, prepared)
+        if prepared is not None:
+            finishes += await self.features.prepare(call, prepared.request)
+            finishes += self.features.start(call, prepared.request)
         candidates = self.health.candidates(pool.upstreams, prepared.affinity if prepared else tenant.tenant)
         query = scope.get("query_string", b"")
         target = route.path + (f"?{query.decode('latin-1')}" if query else "")
-        headers = upstream_headers(scope["headers"], ex.pool, pool, ex.request_id)
-        sent_body = (prepared.body if prepared is not None else body) if scope["method"] == "POST" else None
-        return Outbound(scope["method"], candidates, target, headers, sent_body, prepared)
+        headers = upstream_headers(scope["headers"], policies.pool_auth(ex.pool), ex.request_id)
+        if prepared is not None:
+            body = body_for_pool(prepared.request, prepared.lmcache, pool) if pool.lmcache else prepared.body
+        sent_body = body if scope["method"] == "POST" else None
+        return call, Outbound(scope["method"], candidates, target, headers, sent_body)
 
     async def _body(self, scope: Scope, receive: Receive, route: RouteSpec, policies: PolicySet) -> bytes:
         if scope["method"] != "POST":
@@ -131,13 +106,12 @@ class Proxy:
         user_header = tenant.rollout.user_header
         header_user = header(scope, user_header.lower().encode()) if user_header else None
         user = header_user.decode("latin-1") if header_user else None
-        prepared = rewrite_request(body, route, tenant, self.salt_secret, user)
-        if tenant.cache.isolation == "user" and prepared.user is not None:
-            # The ledger can only attribute per-user salts it was told about.
-            self.remember_user_salt(tenant.tenant, tenant.cache.salt_epoch, prepared.user)
-        return prepared
+        return rewrite_request(body, route, tenant, self.salt_secret, user)
 
-    async def _relay(self, ex: Exchange, route: RouteSpec, outbound: Outbound, send: Send) -> None:
+    async def _relay(self, ex: Exchange, call: Call, outbound: Outbound, send: Send) -> None:
+        if self.miss_path is not None and self.miss_path.applies(call):
+            await self._relay_with_miss_path(ex, call, outbound, self.miss_path, send)
+            return
         ex.sent_at = time.perf_counter()
         ex.overhead_s = ex.sent_at - ex.started
         with upstream_errors(ex.pool):
@@ -145,23 +119,134 @@ class Proxy:
                 self.session, self.health, outbound.candidates, outbound.method, outbound.target, outbound.headers,
                 outbound.body)
         try:
-            await self._relay_response(ex, route, outbound, response, send)
+            await self._relay_response(ex, call, response, send)
         except BaseException:
             response.close()
             raise
         response.release()
 
+    # -- the miss path (gateway/proxy/misspath.py) ------------------------------------------------
+
+    async def _relay_with_miss_path(
+        self, ex: Exchange, call: Call, outbound: Outbound, miss: MissPath, send: Send
+    ) -> None:
+        failure = await self._attempt(ex, call, outbound, send, first=True)
+        if failure is None:
+            return
+        trail: list[dict[str, str]] = [{"pool": ex.pool, "failure": failure.cause}]
+        ex.miss_path = trail
+        for number, pool_name in enumerate(miss.retry_pools(call), start=1):
+            ex.pool = pool_name
+            pool = call.policies.gateway.pools[pool_name]
+            prepared = call.prepared
+            assert prepared is not None
+            candidates = self.health.candidates(pool.upstreams, prepared.affinity)
+            retry, action = await miss.retry_outbound(call, outbound, candidates, pool_name,
+                                                      f"{ex.request_id}-retry{number}")
+            next_failure = await self._attempt(ex, call, retry, send)
+            miss.count(call, pool_name, action, next_failure is None)
+            entry = {"pool": pool_name, "action": action, "result": "ok" if next_failure is None else "failed"}
+            trail.append(entry if next_failure is None else {**entry, "failure": next_failure.cause})
+            if next_failure is None:
+                return
+            failure = next_failure
+        await self._deliver_failure(ex, call, failure, send)
+
+    async def _attempt(
+        self, ex: Exchange, call: Call, outbound: Outbound, send: Send, first: bool = False
+    ) -> Failure | None:
+        """Send once; relay the answer unless it failed before its first byte (then say how)."""
+        ex.sent_at = time.perf_counter()
+        if first:  # the gateway's own overhead is measured up to the first send; retries are upstream time
+            ex.overhead_s = ex.sent_at - ex.started
+        try:
+            with upstream_errors(ex.pool):
+                ex.upstream, response = await open_first_reachable(
+                    self.session, self.health, outbound.candidates, outbound.method, outbound.target,
+                    outbound.headers, outbound.body)
+        except GatewayError as error:
+            return Failure(_cause(error), error=error)
+        try:
+            failure = await self._screen(ex, call, response, send)
+        except BaseException:
+            response.close()
+            raise
+        if failure is not None:
+            response.close()
+        else:
+            response.release()
+        return failure
+
+    async def _screen(
+        self, ex: Exchange, call: Call, response: aiohttp.ClientResponse, send: Send
+    ) -> Failure | None:
+        """A failure before the first byte, or None once the answer has been relayed."""
+        prepared = call.prepared
+        assert prepared is not None
+        content_type = response.headers.get("content-type", "application/json")
+        if response.status >= 500:
+            try:
+                with upstream_errors(ex.pool):
+                    body = await response.read()
+            except GatewayError as error:
+                return Failure(_cause(error), error=error)
+            return Failure(f"status_{response.status}", status=response.status, body=body, content_type=content_type)
+        preread: list[bytes] = []
+        if response.status == 200 and prepared.upstream_stream and call.route.stream is StreamStyle.CHUNKS:
+            try:
+                with upstream_errors(ex.pool):
+                    peeked = await peek_stream(response)
+            except GatewayError as error:
+                return Failure(_cause(error), error=error)
+            if peeked.error_first:
+                return Failure("error_event", chunks=peeked.chunks, content_type=content_type)
+            preread = peeked.chunks
+        whole_before_sending = not prepared.upstream_stream or prepared.assemble
+        try:
+            await self._relay_response(ex, call, response, send, preread)
+        except GatewayError as error:
+            if not whole_before_sending:
+                raise
+            return Failure(_cause(error), error=error)  # nothing was sent: the body is read before replying
+        return None
+
+    async def _deliver_failure(self, ex: Exchange, call: Call, failure: Failure, send: Send) -> None:
+        """Every attempt failed: the client gets the last failure as it would have without the miss path."""
+        if failure.error is not None:
+            raise failure.error
+        ex.outcome = Outcome.MISS_PATH_EXHAUSTED
+        prepared = call.prepared
+        headers = [(b"x-request-id", ex.request_id.encode()), (b"x-kvgate-pool", ex.pool.encode())]
+        if not failure.chunks:
+            ex.status = failure.status
+            await send_body(send, failure.status, failure.body,
+                            [(b"content-type", failure.content_type.encode("latin-1")), *headers])
+            return
+        if prepared is not None and prepared.assemble:
+            assembler = StreamAssembler(chat=call.route.chat)
+            for chunk in failure.chunks:
+                assembler.feed(chunk)
+            ex.status, body = assembler.result()
+            await send_body(send, ex.status, msgspec.json.encode(body), [(b"content-type", JSON_TYPE), *headers])
+            return
+        ex.status = 200
+        await send(start_message(200, [(b"content-type", failure.content_type.encode("latin-1")), *headers]))
+        await send({"type": "http.response.body", "body": b"".join(failure.chunks), "more_body": False})
+
+    # -- relaying an answer -----------------------------------------------------------------------
+
     async def _relay_response(
-        self, ex: Exchange, route: RouteSpec, outbound: Outbound, response: aiohttp.ClientResponse, send: Send
+        self, ex: Exchange, call: Call, response: aiohttp.ClientResponse, send: Send,
+        preread: list[bytes] | None = None,
     ) -> None:
         ex.status = response.status
-        prepared = outbound.prepared
+        route, prepared = call.route, call.prepared
         if response.status != 200 or prepared is None or not prepared.upstream_stream:
             await self._relay_whole(ex, route, response, send)
         elif prepared.assemble:
-            await self._relay_assembled(ex, route, response, send)
+            await self._relay_assembled(ex, route, response, send, preread or [])
         else:
-            await self._relay_stream(ex, route, prepared, response, send)
+            await self._relay_stream(ex, route, prepared, response, send, preread or [])
 
     def _headers(self, ex: Exchange, response: aiohttp.ClientResponse, received: float) -> list[tuple[bytes, bytes]]:
         ex.overhead_s += time.perf_counter() - received
@@ -185,11 +270,13 @@ class Proxy:
 
     async def _relay_stream(
         self, ex: Exchange, route: RouteSpec, prepared: RewrittenRequest, response: aiohttp.ClientResponse,
-        send: Send,
+        send: Send, preread: list[bytes],
     ) -> None:
         await send(start_message(200, self._headers(ex, response, time.perf_counter())))
         watch = StreamWatch(prepared.strip_usage)
         try:
+            for chunk in preread:  # held back by the miss path until the stream showed content
+                await self._pass_chunk(ex, watch, chunk, send)
             async for chunk in response.content.iter_any():
                 forward, first = watch.feed(chunk)
                 if first:
@@ -200,16 +287,31 @@ class Proxy:
                     ex.capture += chunk
             tail = watch.flush()
         except STREAM_FAILURES as error:
-            ex.outcome = "upstream_failed_mid_stream"
-            tail = stream_error_event(route.path, f"Upstream stream failed: {type(error).__name__}.")
+            ex.outcome = Outcome.UPSTREAM_FAILED_MID_STREAM
+            tail = stream_error_event(route, f"Upstream stream failed: {type(error).__name__}.")
         ex.usage = watch.usage
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
+    async def _pass_chunk(self, ex: Exchange, watch: StreamWatch, chunk: bytes, send: Send) -> None:
+        forward, first = watch.feed(chunk)
+        if first:
+            ex.ttft_s = time.perf_counter() - ex.started
+        if forward:
+            await send({"type": "http.response.body", "body": forward, "more_body": True})
+        if ex.capture is not None:
+            ex.capture += chunk
+
     async def _relay_assembled(
-        self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send
+        self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send, preread: list[bytes]
     ) -> None:
         watch = StreamWatch(strip_usage=False)
-        assembler = StreamAssembler(chat=route.path == "/v1/chat/completions")
+        assembler = StreamAssembler(chat=route.chat)
+        for chunk in preread:
+            if watch.feed(chunk)[1]:
+                ex.ttft_s = time.perf_counter() - ex.started
+            assembler.feed(chunk)
+            if ex.capture is not None:
+                ex.capture += chunk
         with upstream_errors(ex.pool):
             async for chunk in response.content.iter_any():
                 if watch.feed(chunk)[1]:
@@ -225,18 +327,13 @@ class Proxy:
         await send_body(send, status, msgspec.json.encode(body), headers)
 
 
-def primary_result(ex: Exchange) -> ArmResult | None:
-    """The primary arm of a shadow pair, timed from its upstream send like the shadow arm."""
-    if ex.capture is None or ex.sent_at == 0.0 or ex.outcome != "ok":
-        return None
-    ttft = None if ex.ttft_s is None else ex.ttft_s - (ex.sent_at - ex.started)
-    cached = ex.usage.cached_tokens if ex.usage is not None else None
-    duration = time.perf_counter() - ex.sent_at
-    return ArmResult(ex.request_id, ex.status, ttft, duration, cached, generated_text(bytes(ex.capture)))
+def _cause(error: GatewayError) -> str:
+    """The underlying failure's name (ClientConnectorError, ServerDisconnectedError, TimeoutError, ...)."""
+    return type(error.__cause__).__name__ if error.__cause__ is not None else type(error).__name__
 
 
-def stream_error_event(path: str, message: str) -> bytes:
+def stream_error_event(route: RouteSpec, message: str) -> bytes:
     error = msgspec.json.encode(openai_error_body(message, "upstream_error", None, 502))
-    if path == RESPONSES_PATH:
+    if route.stream is StreamStyle.RESPONSES:
         return b"event: error\ndata: " + error + b"\n\n"
     return b"data: " + error + b"\n\ndata: [DONE]\n\n"

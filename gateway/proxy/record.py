@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
+from gateway.outcomes import Outcome
 from gateway.proxy.sse import Usage
 
 log = get_logger("gateway.request")
@@ -27,12 +28,14 @@ class Exchange:
     ttft_s: float | None = None
     duration_s: float = 0.0
     usage: Usage | None = None
-    outcome: str = "ok"
+    outcome: Outcome = Outcome.OK
+    error: str | None = None  # the error class of a request the gateway refused
     policy_version: str = ""
     sent_at: float = 0.0  # when the upstream request left (perf_counter)
     model: str | None = None  # `model` of the rewritten request body (GenAI metrics)
     capture: bytearray | None = None  # the primary's reply bytes, kept only for shadowed requests
-    extra: dict[str, object] = field(default_factory=dict)
+    admission: str | None = None  # the offload admission decision (returning, new, short), when the tenant has one
+    miss_path: list[dict[str, str]] | None = None  # the first failure and each retry, when the miss path ran
 
 
 def record(metrics: GatewayMetrics, exchange: Exchange) -> None:
@@ -65,14 +68,25 @@ def _log_line(exchange: Exchange) -> None:
         upstream=exchange.upstream or None,
         status=exchange.status,
         outcome=exchange.outcome,
+        error=exchange.error,
         ttft_ms=_ms(exchange.ttft_s),
         duration_ms=_ms(exchange.duration_s),
         overhead_ms=_ms(exchange.overhead_s),
         prompt_tokens=usage.prompt_tokens if usage else None,
         cached_tokens=usage.cached_tokens if usage else None,
         policy_version=exchange.policy_version or None,
-        **exchange.extra,
+        **_optional(exchange),
     )
+
+
+def _optional(exchange: Exchange) -> dict[str, object]:
+    """Fields that only some requests have, left out of the others' log lines."""
+    fields: dict[str, object] = {}
+    if exchange.admission is not None:
+        fields["admission"] = exchange.admission
+    if exchange.miss_path is not None:
+        fields["miss_path"] = exchange.miss_path
+    return fields
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -6,22 +6,23 @@ Only the fields named here change; every other field of the client's JSON is for
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 import msgspec
 
+from gateway.connectors.lmcache_tags import lmcache_params
 from gateway.errors import BadRequest
-from gateway.http.routes import Kind, RouteSpec
 from gateway.policy.model import OffloadPolicy, TenantPolicy
+from gateway.routes import Kind, RouteSpec, StreamStyle
 from gateway.salts import derive_salt
 
 CAP_KEYS = ("max_load_tokens", "max_offload_tokens")
-CHUNK_STREAM_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 @dataclass(frozen=True)
 class RewrittenRequest:
-    body: bytes
+    request: dict[str, Any]  # the rewritten body, open to features (gateway.proxy.features) until encoded
     upstream_stream: bool
     client_stream: bool
     strip_usage: bool  # the gateway asked for usage the client did not want
@@ -30,6 +31,13 @@ class RewrittenRequest:
     user: str | None
     deterministic: bool
     affinity: str  # salt and the start of the prompt: requests sharing both can share cached blocks
+    # `lmcache.*` entries for pools whose connector is LMCache (the tenant tag, skip_save); added per pool
+    lmcache: dict[str, Any] = dataclass_field(default_factory=dict)
+
+    @property
+    def body(self) -> bytes:
+        """The request as JSON; the proxy encodes once, after every feature has had its turn."""
+        return msgspec.json.encode(self.request)
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -55,11 +63,11 @@ def rewrite_request(
         raise BadRequest("kv_transfer_params is only accepted on generation routes.", param="kv_transfer_params")
     client_stream = request.get("stream") is True
     # Responses-API streams always end with usage, and vLLM has no stream_options there.
-    chunked_api = kind is Kind.GENERATE and route.path in CHUNK_STREAM_PATHS
+    chunked_api = kind is Kind.GENERATE and route.stream is StreamStyle.CHUNKS
     assemble = chunked_api and tenant.measure_ttft and not client_stream
     strip_usage = chunked_api and (client_stream or assemble) and _request_usage(request)
     return RewrittenRequest(
-        body=msgspec.json.encode(request),
+        request=request,
         upstream_stream=client_stream or assemble,
         client_stream=client_stream,
         strip_usage=strip_usage,
@@ -68,7 +76,13 @@ def rewrite_request(
         user=user,
         deterministic=_deterministic(request),
         affinity=f"{request.get('cache_salt', tenant.tenant)}:{prompt_prefix(request)}",
+        lmcache=_lmcache(request, tenant, secret) if kind is Kind.GENERATE else {},
     )
+
+
+def _lmcache(request: dict[str, Any], tenant: TenantPolicy, secret: bytes) -> dict[str, Any]:
+    sent = request.get("kv_transfer_params")
+    return lmcache_params(secret, request.get("cache_salt"), tenant.offload, sent if isinstance(sent, dict) else {})
 
 
 AFFINITY_CHARS = 256

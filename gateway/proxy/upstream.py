@@ -6,14 +6,12 @@ streamed response (measured: loadtests/proxy_overhead.py and ../shared/design/pr
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import aiohttp
 
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
-from gateway.policy.model import PoolConfig
 from gateway.proxy.balance import UpstreamHealth
 
 # Inbound headers that may travel upstream; everything else (keys, hop-by-hop headers, vLLM steering
@@ -40,27 +38,11 @@ def new_session(connections: int, connect_timeout_s: float, read_timeout_s: floa
     )
 
 
-def upstream_headers(
-    inbound: list[tuple[bytes, bytes]], pool_name: str, pool: PoolConfig, request_id: str
-) -> dict[str, str]:
+def upstream_headers(inbound: list[tuple[bytes, bytes]], auth: dict[str, str], request_id: str) -> dict[str, str]:
     headers = {name.decode(): value.decode("latin-1") for name, value in inbound if name in FORWARDED_HEADERS}
     headers["content-type"] = "application/json"
     headers["x-request-id"] = request_id
-    return headers | pool_auth(pool_name, pool)
-
-
-def pool_auth(pool_name: str, pool: PoolConfig) -> dict[str, str]:
-    """The Authorization header this pool's upstreams expect, if the pool names a key."""
-    if pool.api_key_env is None:
-        return {}
-    return {"authorization": f"Bearer {_pool_key(pool_name, pool.api_key_env)}"}
-
-
-def _pool_key(pool_name: str, variable: str) -> str:
-    key = os.environ.get(variable)
-    if not key:
-        raise UpstreamUnavailable(f"Pool {pool_name!r} needs its key in ${variable}, which is not set.")
-    return key
+    return headers | auth
 
 
 async def open_upstream(

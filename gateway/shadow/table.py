@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.devtools.tables import cell, ms, table
+from gateway.tables import cell, ms, table
 
 
 def shadow_table(shadow: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""The opt-in OpenTelemetry GenAI metrics (gateway/otel_metrics.py): the conventions' names (OTel→Prometheus
+"""The opt-in OpenTelemetry GenAI metrics (gateway/proxy/otel_metrics.py): the conventions' names (OTel→Prometheus
 translated), buckets and attributes, cardinality guard on the client-supplied model, and an exposition that
 `promtool check metrics` accepts."""
 
@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.otel_metrics import (
+from gateway.proxy.otel_metrics import (
     OTHER,
     REQUEST_DURATION_BUCKETS,
     TIME_PER_OUTPUT_TOKEN_BUCKETS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.http.routes import ROUTES
+from gateway.routes import ROUTES
 from tests.gateway.conftest import Stack
 from tests.harness import bearer
 

@@ -8,9 +8,9 @@ import pytest
 
 from gateway.errors import BadRequest, Forbidden
 from gateway.http.auth import AuthFailure, authenticate, authorize, check_path, presented_key
-from gateway.http.routes import FORWARDED_KINDS, ROUTES, Kind, RouteSpec
 from gateway.policy.loader import KeyGrant, PolicySet
 from gateway.policy.model import GatewayConfig
+from gateway.routes import FORWARDED_KINDS, ROUTES, Kind, Local, RouteSpec, StreamStyle
 
 # sha256("kvg_test-key"), computed with `printf '%s' kvg_test-key | openssl dgst -sha256`.
 TEST_KEY = "kvg_test-key"
@@ -108,28 +108,31 @@ def test_plain_raw_paths_pass(raw: bytes) -> None:
     check_path(raw)
 
 
-# The README's route table, written out: path -> (methods, scope, kind).
+# The README's route table, written out: path -> (methods, scope, kind, stream style, chat, GenAI operation, local).
+C, R = StreamStyle.CHUNKS, StreamStyle.RESPONSES
 EXPECTED_ROUTES = {
-    "/v1/completions": ({"POST"}, "inference", Kind.GENERATE),
-    "/v1/chat/completions": ({"POST"}, "inference", Kind.GENERATE),
-    "/v1/responses": ({"POST"}, "inference", Kind.GENERATE),
-    "/v1/embeddings": ({"POST"}, "inference", Kind.EMBED),
-    "/v1/models": ({"GET"}, "inference", Kind.FORWARD),
-    "/tokenize": ({"POST"}, "inference", Kind.FORWARD),
-    "/detokenize": ({"POST"}, "inference", Kind.FORWARD),
-    "/metrics": ({"GET"}, "metrics", Kind.METRICS),
-    "/admin/policies": ({"GET"}, "admin", Kind.ADMIN),
-    "/admin/reload": ({"POST"}, "admin", Kind.ADMIN),
-    "/admin/audit": ({"GET"}, "admin", Kind.ADMIN),
-    "/admin/shadow": ({"GET"}, "admin", Kind.ADMIN),
-    "/livez": ({"GET", "HEAD"}, None, Kind.HEALTH),
-    "/readyz": ({"GET", "HEAD"}, None, Kind.HEALTH),
+    "/v1/completions": ({"POST"}, "inference", Kind.GENERATE, C, False, "text_completion", None),
+    "/v1/chat/completions": ({"POST"}, "inference", Kind.GENERATE, C, True, "chat", None),
+    "/v1/responses": ({"POST"}, "inference", Kind.GENERATE, R, False, "chat", None),
+    "/v1/embeddings": ({"POST"}, "inference", Kind.EMBED, None, False, "embeddings", None),
+    "/v1/models": ({"GET"}, "inference", Kind.FORWARD, None, False, None, None),
+    "/tokenize": ({"POST"}, "inference", Kind.FORWARD, None, False, None, None),
+    "/detokenize": ({"POST"}, "inference", Kind.FORWARD, None, False, None, None),
+    "/metrics": ({"GET"}, "metrics", Kind.METRICS, None, False, None, Local.METRICS),
+    "/admin/policies": ({"GET"}, "admin", Kind.ADMIN, None, False, None, Local.POLICIES),
+    "/admin/reload": ({"POST"}, "admin", Kind.ADMIN, None, False, None, Local.RELOAD),
+    "/admin/audit": ({"GET"}, "admin", Kind.ADMIN, None, False, None, Local.AUDIT),
+    "/admin/shadow": ({"GET"}, "admin", Kind.ADMIN, None, False, None, Local.SHADOW),
+    "/admin/canary": ({"POST"}, "admin", Kind.ADMIN, None, False, None, Local.CANARY),
+    "/livez": ({"GET", "HEAD"}, None, Kind.HEALTH, None, False, None, Local.LIVEZ),
+    "/readyz": ({"GET", "HEAD"}, None, Kind.HEALTH, None, False, None, Local.READYZ),
 }
 
 
 def test_the_route_table_is_exactly_the_documented_one() -> None:
-    assert {path: (set(spec.methods), spec.scope, spec.kind) for path, spec in ROUTES.items()} == EXPECTED_ROUTES
-    assert all(spec == RouteSpec(path, spec.methods, spec.scope, spec.kind) for path, spec in ROUTES.items())
+    assert {path: (set(spec.methods), spec.scope, spec.kind, spec.stream, spec.chat, spec.genai_operation, spec.local)
+            for path, spec in ROUTES.items()} == EXPECTED_ROUTES
+    assert all(spec.path == path for path, spec in ROUTES.items())
 
 
 def test_only_generation_embedding_and_plain_routes_are_forwarded() -> None:
@@ -172,7 +175,9 @@ def test_non_ascii_key_bytes_are_read_as_latin_1() -> None:
 
 
 def test_route_helper_builds_a_spec() -> None:
-    from gateway.http.routes import _route
+    from gateway.routes import _route
 
     assert _route("/x", "GET HEAD", "admin", Kind.ADMIN) == (
         "/x", RouteSpec("/x", frozenset({"GET", "HEAD"}), "admin", Kind.ADMIN))
+    assert _route("/y", "POST", None, Kind.GENERATE, stream=R, chat=True, genai_operation="op", local=Local.AUDIT) == (
+        "/y", RouteSpec("/y", frozenset({"POST"}), None, Kind.GENERATE, R, True, "op", Local.AUDIT))

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from gateway.errors import BadRequest
-from gateway.http.routes import ROUTES
 from gateway.policy.model import TenantPolicy
 from gateway.proxy.rewrite import rewrite_request
+from gateway.routes import ROUTES
 from tests.salt_vectors import UNIT_SECRET, known_salt
 
 SECRET = UNIT_SECRET.encode()

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from gateway.errors import BadRequest
-from gateway.http.routes import ROUTES
 from gateway.policy.model import TenantPolicy
 from gateway.proxy.rewrite import AFFINITY_CHARS, RewrittenRequest, parse_json_object, prompt_prefix, rewrite_request
+from gateway.routes import ROUTES
 from tests.salt_vectors import UNIT_SECRET, known_salt
 
 SECRET = UNIT_SECRET.encode()
@@ -41,8 +41,8 @@ def refusal(body: dict[str, Any] | bytes, policy: TenantPolicy | None = None,
 def test_all_fields_of_a_plain_completion() -> None:
     result = run({"model": "m", "prompt": "hello", "temperature": 0})
     assert result == RewrittenRequest(
-        body=result.body, upstream_stream=False, client_stream=False, strip_usage=False, assemble=False,
-        model="m", user=None, deterministic=True, affinity=f"{ACME_SALT}:hello")
+        request=result.request, upstream_stream=False, client_stream=False, strip_usage=False, assemble=False,
+        model="m", user=None, deterministic=True, affinity=f"{ACME_SALT}:hello", lmcache=result.lmcache)
     assert json.loads(result.body) == {"model": "m", "prompt": "hello", "temperature": 0, "cache_salt": ACME_SALT}
 
 

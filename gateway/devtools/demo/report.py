@@ -6,9 +6,9 @@ import statistics
 from typing import Any
 
 from gateway.devtools.demo.workload import Sample
-from gateway.devtools.tables import ms as _ms
-from gateway.devtools.tables import table
 from gateway.shadow.stats import quantile
+from gateway.tables import ms as _ms
+from gateway.tables import table
 
 
 def traffic_table(samples: list[Sample]) -> str:

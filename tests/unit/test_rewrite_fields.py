@@ -195,3 +195,23 @@ def test_tenant_isolation_ignores_the_user_field() -> None:
     result = run({"model": "m", "prompt": "x", "user": "u1"}, header_user=None)
     assert json.loads(result.body)["cache_salt"] == ACME_SALT
     assert json.loads(run({"model": "m", "prompt": "x"}, header_user="hdr").body)["cache_salt"] == ACME_SALT
+
+
+# HMAC-SHA256(unit-secret, "kvgate-lmcache-tag-v1\0" + the acme:1 salt), first 32 hex characters, computed with
+# `printf 'kvgate-lmcache-tag-v1\0%s' <salt> | openssl dgst -sha256 -hmac unit-secret`.
+ACME_TAG = "1175690c4141748b4cdbb95bf88ec582"
+
+
+def test_generation_requests_carry_the_lmcache_tag_of_their_salt() -> None:
+    assert run({"model": "m", "prompt": "x"}).lmcache == {"lmcache.tag.kvgate": ACME_TAG}
+    assert run({"model": "m", "input": "x"}, path="/v1/responses").lmcache == {"lmcache.tag.kvgate": ACME_TAG}
+    assert run({"model": "m", "input": "x"}, path="/v1/embeddings").lmcache == {}
+    assert run({"model": "m", "prompt": "x"}, tenant(cache={"isolation": "none"})).lmcache == {}
+
+
+def test_a_store_cap_of_zero_from_the_client_or_the_policy_skips_saving() -> None:
+    skip = {"lmcache.tag.kvgate": ACME_TAG, "lmcache.skip_save": True}
+    assert run({"model": "m", "prompt": "x", "kv_transfer_params": {"max_offload_tokens": 0}}).lmcache == skip
+    assert run({"model": "m", "prompt": "x"}, tenant(offload={"max_offload_tokens": 0})).lmcache == skip
+    assert run({"model": "m", "prompt": "x", "kv_transfer_params": {"max_offload_tokens": 5}}).lmcache == {
+        "lmcache.tag.kvgate": ACME_TAG}

@@ -38,6 +38,7 @@ class Local(Enum):
     AUDIT = "audit"
     SHADOW = "shadow"
     CANARY = "canary"
+    PLAN = "plan"
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ ROUTES: dict[str, RouteSpec] = dict(
         _route("/admin/audit", "GET", "admin", Kind.ADMIN, local=Local.AUDIT),
         _route("/admin/shadow", "GET", "admin", Kind.ADMIN, local=Local.SHADOW),
         _route("/admin/canary", "POST", "admin", Kind.ADMIN, local=Local.CANARY),
+        _route("/admin/plan", "GET", "admin", Kind.ADMIN, local=Local.PLAN),
         _route("/livez", "GET HEAD", None, Kind.HEALTH, local=Local.LIVEZ),
         _route("/readyz", "GET HEAD", None, Kind.HEALTH, local=Local.READYZ),
     ]

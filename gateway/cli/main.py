@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_loadtest(commands)
     _add_canary(commands)
     _add_doctor(commands)
+    _add_plan(commands)
     return parser
 
 
@@ -154,6 +155,12 @@ def _add_doctor(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
     help_text = "what each upstream says: version, max_load_tokens, offload tier, kv_load_failure_policy"
     doctor.add_arguments(commands.add_parser("doctor", help=help_text))
+
+
+def _add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.plan import cli as plan_cli
+
+    plan_cli.add_arguments(commands.add_parser("plan", help="how much RAM the CPU offload tier should get"))
 
 
 def _demo(args: argparse.Namespace) -> int:

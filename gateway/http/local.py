@@ -16,6 +16,7 @@ from gateway.errors import BadRequest, NotFound
 from gateway.http.admin import policies_view
 from gateway.http.wiring import State
 from gateway.isotime import parse_since
+from gateway.plan.admin import plan_view
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import RESERVED_TENANT
 from gateway.routes import Local, RouteSpec
@@ -63,6 +64,10 @@ async def _canary(state: State, policies: PolicySet, scope: Scope) -> tuple[int,
     return 200, {"outcomes": [outcome.view() for outcome in outcomes]}
 
 
+async def _plan(state: State, policies: PolicySet, scope: Scope) -> tuple[int, Any]:
+    return 200, await plan_view(state.reuse, policies, state.session, scope.get("query_string", b""))
+
+
 async def _reload(state: State, policies: PolicySet, scope: Scope) -> tuple[int, Any]:
     changed = state.holder.reload()
     return 200, {"reloaded": changed, "policy_version": state.holder.current.version}
@@ -74,6 +79,7 @@ ADMIN_HANDLERS: dict[Local, AdminHandler] = {
     Local.AUDIT: _audit,
     Local.RELOAD: _reload,
     Local.CANARY: _canary,
+    Local.PLAN: _plan,
 }
 
 

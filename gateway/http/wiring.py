@@ -27,6 +27,9 @@ from gateway.proxy.otel_metrics import OtelFeature, OtelGenAIMetrics
 from gateway.proxy.upstream import new_session
 from gateway.reuse.feature import AdmissionFeature
 from gateway.reuse.shared import Admission
+from gateway.reuse.store import open_trace_store
+from gateway.reuse.trace import ReuseTrace, TraceMetrics, TraceSettings
+from gateway.reuse.trace_feature import ReuseTraceFeature
 from gateway.settings import Settings
 from gateway.shadow.client import ShadowClient
 from gateway.shadow.feature import ShadowFeature
@@ -53,6 +56,7 @@ class State:
     ledger: LedgerService
     storage: Storage
     canary: CanaryRunner
+    reuse: ReuseTrace | None = None
     ready: bool = True
 
 
@@ -71,12 +75,13 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     health = UpstreamHealth()
     shadow = _shadow_runner(settings, metrics, health, tasks, await open_shadow_store(storage))
     admission = Admission.on(storage, secret, settings.admission_sketch_width)
-    features = Features(request_features(ledger, shadow, genai, AdmissionFeature(admission, metrics)))
+    reuse = await _reuse_trace(settings, secret, metrics, holder, tasks, storage)
+    features = Features(request_features(ledger, shadow, genai, AdmissionFeature(admission, metrics), reuse))
     log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants),
              features=[feature.name for feature in features.all])
     proxy = Proxy(session, secret, health, features, MissPath(session, secret, metrics, ledger.remember_user_salt))
     canary = _canary(session, secret, metrics, holder, tasks)
-    return State(holder, metrics, session, proxy, features, tasks, shadow, ledger, storage, canary)
+    return State(holder, metrics, session, proxy, features, tasks, shadow, ledger, storage, canary, reuse)
 
 
 def _canary(session: aiohttp.ClientSession, secret: bytes, metrics: GatewayMetrics, holder: PolicyHolder,
@@ -91,7 +96,7 @@ def _canary(session: aiohttp.ClientSession, secret: bytes, metrics: GatewayMetri
 
 def request_features(
     ledger: LedgerService, shadow: ShadowRunner, genai: OtelGenAIMetrics | None,
-    admission: AdmissionFeature | None = None,
+    admission: AdmissionFeature | None = None, reuse: ReuseTrace | None = None,
 ) -> list[RequestFeature]:
     """Every feature that hooks into a request, in the order they run."""
     features: list[RequestFeature] = [UserSaltFeature(ledger.remember_user_salt), ShadowFeature(shadow)]
@@ -99,11 +104,27 @@ def request_features(
         features.append(admission)
     if genai is not None:
         features.append(OtelFeature(genai))
+    if reuse is not None:
+        features.append(ReuseTraceFeature(reuse))
     return features
 
 
 def returning_tenants(policies: PolicySet) -> list[str]:
     return [name for name, tenant in policies.tenants.items() if tenant.offload.admission.mode == "returning"]
+
+
+async def _reuse_trace(settings: Settings, secret: bytes, metrics: GatewayMetrics, holder: PolicyHolder,
+                       tasks: TaskSupervisor, storage: Storage) -> ReuseTrace | None:
+    """The reuse trace behind `kvgate plan` (gateway/reuse/), unless KVGATE_REUSE_TRACE=false."""
+    if not settings.reuse_trace:
+        return None
+    store = await open_trace_store(storage, settings.reuse_max_records)
+    trace_settings = TraceSettings(block_tokens=settings.reuse_block_tokens, sample_rate=settings.reuse_sample_rate,
+                                   max_roots=settings.reuse_max_roots)
+    trace = ReuseTrace(store, secret, trace_settings, TraceMetrics(metrics.registry), lambda: holder.current)
+    holder.listeners.append(trace.on_policies)
+    tasks.spawn(trace.run(), "reuse-trace")
+    return trace
 
 
 def _shadow_runner(
@@ -119,6 +140,8 @@ async def stop(state: State) -> None:
     state.ready = False
     await state.ledger.close()
     await state.tasks.close()
+    if state.reuse is not None:
+        await state.reuse.close()
     await state.shadow.close()
     await state.session.close()
     await state.storage.close()

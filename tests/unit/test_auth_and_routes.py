@@ -124,6 +124,7 @@ EXPECTED_ROUTES = {
     "/admin/audit": ({"GET"}, "admin", Kind.ADMIN, None, False, None, Local.AUDIT),
     "/admin/shadow": ({"GET"}, "admin", Kind.ADMIN, None, False, None, Local.SHADOW),
     "/admin/canary": ({"POST"}, "admin", Kind.ADMIN, None, False, None, Local.CANARY),
+    "/admin/plan": ({"GET"}, "admin", Kind.ADMIN, None, False, None, Local.PLAN),
     "/livez": ({"GET", "HEAD"}, None, Kind.HEALTH, None, False, None, Local.LIVEZ),
     "/readyz": ({"GET", "HEAD"}, None, Kind.HEALTH, None, False, None, Local.READYZ),
 }

@@ -53,7 +53,13 @@ def test_a_header_user_wins_over_the_body_user() -> None:
     assert run({"model": "m", "prompt": "x", "user": "body"}).user == "body"
 
 
-@pytest.mark.parametrize("user", ["", 5, None, ["u"]])
+@pytest.mark.parametrize(("user", "kind"), [(5, "a number"), (["u"], "an array"), ({"id": 1}, "an object")])
+def test_a_body_user_of_another_json_type_is_refused(user: object, kind: str) -> None:
+    error = refusal({"model": "m", "prompt": "x", "user": user})
+    assert (error.message, error.param) == (f"user must be a string (got {kind}).", "user")
+
+
+@pytest.mark.parametrize("user", ["", None])
 def test_a_body_user_must_be_a_non_empty_string(user: object) -> None:
     assert run({"model": "m", "prompt": "x", "user": user}).user is None
     error = refusal({"model": "m", "prompt": "x", "user": user}, tenant(cache={"isolation": "user"}))
@@ -70,11 +76,21 @@ def test_model_is_reported_only_when_it_is_a_string(model: object, expected: str
     ("sampling", "deterministic"),
     [({"temperature": 0}, True), ({"temperature": 0.0}, True), ({"seed": 7}, True),
      ({"temperature": 1, "seed": 0}, True), ({}, False), ({"temperature": 0.7}, False),
-     ({"seed": "7"}, False), ({"seed": 1.5}, False),
-     ({"temperature": None}, False), ({"temperature": "0"}, False)],
+     ({"temperature": None}, False), ({"seed": None}, False)],
 )
 def test_deterministic_means_greedy_or_seeded(sampling: dict[str, Any], deterministic: bool) -> None:
     assert run({"model": "m", "prompt": "x", **sampling}).deterministic is deterministic
+
+
+@pytest.mark.parametrize(
+    ("sampling", "message"),
+    [({"seed": "7"}, "seed must be an integer (got a string)."),
+     ({"seed": 1.5}, "seed must be an integer (got a number)."),
+     ({"temperature": "0"}, "temperature must be a number (got a string).")],
+)
+def test_sampling_fields_of_another_json_type_are_refused(sampling: dict[str, Any], message: str) -> None:
+    error = refusal({"model": "m", "prompt": "x", **sampling})
+    assert (error.message, error.param) == (message, next(iter(sampling)))
 
 
 def test_affinity_is_salt_and_prompt_prefix() -> None:
@@ -117,7 +133,8 @@ def test_refusal_messages_and_params() -> None:
     assert (embed.message, embed.param) == ("kv_transfer_params is only accepted on generation routes.",
                                             "kv_transfer_params")
     shape = refusal({"model": "m", "prompt": "x", "kv_transfer_params": [1]})
-    assert (shape.message, shape.param) == ("kv_transfer_params must be an object.", "kv_transfer_params")
+    assert (shape.message, shape.param) == ("kv_transfer_params must be an object (got an array).",
+                                            "kv_transfer_params")
     foreign = refusal({"model": "m", "prompt": "x", "kv_transfer_params": {"do_remote_decode": True}})
     assert (foreign.message, foreign.param) == ("kv_transfer_params.do_remote_decode is not allowed.",
                                                 "kv_transfer_params.do_remote_decode")
@@ -154,10 +171,8 @@ def test_both_caps_are_clamped_together() -> None:
 @pytest.mark.parametrize(
     ("options", "sent", "strip"),
     [(None, {"include_usage": True}, True),
-     ("junk", {"include_usage": True}, True),
      ({"include_usage": False, "continuous_usage_stats": True}, {"include_usage": True, "continuous_usage_stats": True},
       True),
-     ({"include_usage": "true"}, {"include_usage": True}, True),
      ({"include_usage": True, "continuous_usage_stats": True}, {"include_usage": True, "continuous_usage_stats": True},
       False)],
 )
@@ -171,10 +186,19 @@ def test_stream_options_are_merged(options: object, sent: dict[str, Any], strip:
     assert result.strip_usage is strip and result.client_stream and result.upstream_stream and not result.assemble
 
 
-def test_only_a_literal_true_stream_is_a_stream() -> None:
-    result = run({"model": "m", "prompt": "x", "stream": "yes"})
+def test_stream_options_of_another_json_type_are_refused() -> None:
+    junk = refusal({"model": "m", "prompt": "x", "stream": True, "stream_options": "junk"})
+    assert (junk.message, junk.param) == ("stream_options must be an object (got a string).", "stream_options")
+    usage = refusal({"model": "m", "prompt": "x", "stream": True, "stream_options": {"include_usage": "true"}})
+    assert usage.message == "stream_options.include_usage must be a boolean (got a string)."
+
+
+def test_only_a_json_boolean_stream_is_accepted() -> None:
+    result = run({"model": "m", "prompt": "x", "stream": False})
     assert not result.client_stream and not result.upstream_stream
     assert "stream_options" not in json.loads(result.body)
+    error = refusal({"model": "m", "prompt": "x", "stream": "yes"})
+    assert (error.message, error.param) == ("stream must be a boolean (got a string).", "stream")
 
 
 def test_chat_with_measure_ttft_is_assembled_and_responses_are_not() -> None:

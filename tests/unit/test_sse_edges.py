@@ -41,7 +41,7 @@ def test_with_stripping_only_complete_events_are_forwarded() -> None:
     assert watch.feed(TEXT_CHUNK) == (TEXT_CHUNK, False)  # first content is reported once
     assert watch.feed(USAGE_CHUNK + DONE[:6]) == (b"", False)
     assert watch.usage == Usage(prompt_tokens=7, cached_tokens=3, completion_tokens=2)
-    assert watch.flush() == DONE[:6]
+    assert watch.flush() == DONE[:6] + b"\n\n"  # the final event is completed, so its usage would be seen
     assert watch.feed(DONE[6:]) == (DONE[6:], False)  # the tail was emptied by flush
 
 

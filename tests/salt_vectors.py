@@ -1,7 +1,7 @@
 """Known-answer `cache_salt` vectors, computed once outside the product and pasted here as literals.
 
 Each value was produced by an independent tool, for example
-`printf '%s' 'acme:1' | openssl dgst -sha256 -hmac 'gateway-test-secret'`, so a derivation that ignored
+`printf '%s' 'acme:1' | openssl dgst -sha256 -hmac 'gateway-test-secret-of-at-least-32-bytes'`, so a derivation that ignored
 the secret, joined the fields differently or dropped the user would disagree with these values. Tests
 must take expected salts from here (never from `gateway.salts`); add a vector the same way when a test
 needs a new (secret, tenant, epoch, user).
@@ -9,41 +9,41 @@ needs a new (secret, tenant, epoch, user).
 
 from __future__ import annotations
 
-GATEWAY_SECRET = "gateway-test-secret"  # what `tests.harness.new_secret()` hands to served gateways
-LEDGER_SECRET = "ledger-test-secret"
+GATEWAY_SECRET = "gateway-test-secret-of-at-least-32-bytes"  # what `tests.harness.new_secret()` hands to served gateways
+LEDGER_SECRET = "ledger-test-secret-of-at-least-32-bytes"
 UNIT_SECRET = "unit-secret"
 
 SaltKey = tuple[str, str, int, str | None]  # (secret, tenant, epoch, user)
 
 KNOWN_SALTS: dict[SaltKey, str] = {
-    (GATEWAY_SECRET, "acme", 1, None): "cb5c4d29040fda7d5b2e90f41569d5bbd40090738e1577c132fbccaa97e172e1",
-    (GATEWAY_SECRET, "acme", 7, None): "8b3efa265c3d087ac3c202501f7b757fc26ba49d36f5ecb94279bb244acf92bc",
-    (GATEWAY_SECRET, "beta", 1, None): "1510d855ae9dc8d20c6bd3554d64da55e09b19903f6631143f302f9891b13c68",
-    (GATEWAY_SECRET, "gamma", 1, None): "0326094fc5eeeb37a729721319d519da43d59582818b77ee84f845bdafe1d650",
-    (GATEWAY_SECRET, "gamma", 1, "alice"): "cd862a05a0265fce4474fec99aa2fc7efc79a4771a7688bc64f1638d1ddb381b",
-    (GATEWAY_SECRET, "gamma", 1, "bob"): "0ab6a0a7147cdc28594460f5c8c266a655002934add9490ecbf86954f7939d83",
-    (GATEWAY_SECRET, "gamma", 1, "carol"): "2ea600e7b95985290ffd80a2d44566a767792316b1eb8a54fbde647c210fd1f2",
-    (GATEWAY_SECRET, "delta", 1, None): "57fe296d5ab0dca89bf8c1535dbc2fc9a827275ac59973f0b93f59bb278571c0",
-    (GATEWAY_SECRET, "ops", 1, None): "e65ad9bd5cfde031c69fd17051a112a90e178bf23553c9f7d90a6fbe6768fc94",
-    (GATEWAY_SECRET, "root", 1, None): "b507461f7f7615fb873b6c00ee7d22f11a6cb1221858cfb1c3036b228c4ee006",
-    (GATEWAY_SECRET, "ab", 1, None): "fff8c574ec0cca450ab130adb4ce9bffa987118655219c657c982ae7c6200c3f",
+    (GATEWAY_SECRET, "acme", 1, None): "a177b1287e445c7b774eff569fea8abdfb3497e60c0629368b399ac6f094addb",
+    (GATEWAY_SECRET, "acme", 7, None): "3afa14c953ca1a704f05ac2dad894c65bbd5a4c742c100931f8d001a54648496",
+    (GATEWAY_SECRET, "beta", 1, None): "dcab37b5bc459381f28f1c0904717885e7a52575ee55a60333477aefa7f672c5",
+    (GATEWAY_SECRET, "gamma", 1, None): "71954267346c24766942e1f1b8a1e196424ca8fc1b0766f4dd0c0f4058e1365e",
+    (GATEWAY_SECRET, "gamma", 1, "alice"): "b6550b3bea48d7bb9737e4bfafe018dc6f2a074f9450e946b8985d4c2f21849b",
+    (GATEWAY_SECRET, "gamma", 1, "bob"): "311292eb2aba9d39c7f068e60ad852fbb2c7a996f005c6a6e23fc9d0061cf8fd",
+    (GATEWAY_SECRET, "gamma", 1, "carol"): "c1d9e5fcf5a449fe8f0eff9de958f2af3238cf244c8edfdbb1062d0dbb090bbf",
+    (GATEWAY_SECRET, "delta", 1, None): "36d4197eb803c1ac3f62e76dbc50573ede16856202da3091f62240a1b19aa6e6",
+    (GATEWAY_SECRET, "ops", 1, None): "52c634700142caafc5478479bb50f775ac4e3a5729b59417f6ded427e2c5f2e8",
+    (GATEWAY_SECRET, "root", 1, None): "a2fe45478ad49cfdac274c5a3d1f23bca8bbd1850303e7f487806d591e75424e",
+    (GATEWAY_SECRET, "ab", 1, None): "92a432ffc09c48b87a515fc81ca2cc6c6a5994ff77a2d90447ee63c50bd56256",
     # tests/lmcache: one tenant per pool and behaviour
-    (GATEWAY_SECRET, "acme-lm", 1, None): "2311041187eeaa60c0116bb3ea238f4424d3197e6309ebaf9fa618b5564698e7",
-    (GATEWAY_SECRET, "beta-lm", 1, None): "35fd7f5f9e7a3d803bf598198202e5f80619be531298100b158641728857065c",
-    (GATEWAY_SECRET, "acme-plain", 1, None): "103d32ff0ff87c978073fb0ed6095d9eb2eb8c6eca8a9ece7aa2846136e3bcff",
-    (GATEWAY_SECRET, "beta-plain", 1, None): "247103d9bb2796c40aa7ca742245d30b6ce11f7423ffa2acd5ccd8e30a955411",
-    (GATEWAY_SECRET, "acme-down", 1, None): "89830977707e500a3f70117ed9440ac5e0ded395e173764323032c956c104fb2",
-    (GATEWAY_SECRET, "beta-down", 1, None): "61e2f53a963f542eb53326c34be7064064493087c1187bdc25528537fc2a2bb4",
-    (GATEWAY_SECRET, "quiet-lm", 1, None): "b9b2f9fa1ca20a2a90fe817b537afeb28ce2e82e72b471ff69c8163869c8fe2f",
-    (GATEWAY_SECRET, "users-lm", 1, None): "6e963bc4c903a5d4e2e83cad744b2a43c32d7a09aa488fa2715eb9b6ecf5daff",
-    (GATEWAY_SECRET, "mirror-plain", 1, None): "563889d0d6dc337c5728ca113624bb1f4dc0948aec8ea26fa4618c2be563f164",
-    (LEDGER_SECRET, "acme", 1, None): "70ce872645b0d1f37408cdbbab3b9a9d47525212ba0f01b1f4b7ed5a734cfa86",
-    (LEDGER_SECRET, "acme", 2, None): "b802c06d875ccf524517dbb22e6b4f87a5782a175d4aff553f71d24166d731e2",
-    (LEDGER_SECRET, "globex", 1, None): "991f463b8185e2053166a1906f54f1339c5726831a842c6e7bd7feaf78a37586",
-    (LEDGER_SECRET, "globex", 1, "u1"): "48102bbfc5befd355d58ba8782e2bd50e4216e2265521f869c1be4911498b1a0",
-    (LEDGER_SECRET, "globex", 1, "u2"): "d02bf4809abf91ba210d7b1cbd6d82daa9f6c6c889f8c8b10b1db2e7b92740e0",
-    (LEDGER_SECRET, "initech", 1, None): "15c899f4ae31b36b2f0214ea58806380b72ed5088b8ba3d9d5c138783e22297e",
-    (LEDGER_SECRET, "initech", 2, None): "bf4ae3fa3727b4bf17f8f4103d2b0363d06a08e659bb3d718f239c29effb32e6",
+    (GATEWAY_SECRET, "acme-lm", 1, None): "f14936d57cead2982dece72647342b58c6a0d62f4d93ea3e087f4d79e3ce0ec0",
+    (GATEWAY_SECRET, "beta-lm", 1, None): "59fa1cf334b5e67a304a02e2e67e6566bec7df54920a40dc19c3b8331592fe69",
+    (GATEWAY_SECRET, "acme-plain", 1, None): "06cbf5071c15dab7edae9911e0f73c7c3236cd8d6e4e08b6ff2c438450d19d8f",
+    (GATEWAY_SECRET, "beta-plain", 1, None): "20a4acc8c35b4c02bd3ffc1793cd79c9a6b4348704e10fcbb092da8dec588da3",
+    (GATEWAY_SECRET, "acme-down", 1, None): "cac8cab5ef1ebb3f0cc99685139694dc331bc990abfd8a1cf076bf4782cee195",
+    (GATEWAY_SECRET, "beta-down", 1, None): "368cbb6c413a89db8f4c5edd3e8f298ba0cacb91b588dbf07cde138227caa184",
+    (GATEWAY_SECRET, "quiet-lm", 1, None): "318083a228cca0cea931d2c3aa156617cce302bab989388ad1d859f8c2b033f4",
+    (GATEWAY_SECRET, "users-lm", 1, None): "7712e758796a3879fd8ef243213b86029082e82b3dcaf415c85ca9403cd0d979",
+    (GATEWAY_SECRET, "mirror-plain", 1, None): "c3cfdf92f6c4005e1f8967526d5a89b308d9faf54e152cd2c6f4ae60f2a38237",
+    (LEDGER_SECRET, "acme", 1, None): "db98bc0948af48391b4e7b888141bd8d05aeb13c442de3a5d05827e99421587d",
+    (LEDGER_SECRET, "acme", 2, None): "2b7f639dba800cd89f5c43bfb2acc0990f509b1a09867f298b259f445eaeab06",
+    (LEDGER_SECRET, "globex", 1, None): "d43a5ddfdc25177451ba5294d98449b55f8b7605f284ede3b1395c326f28ad2e",
+    (LEDGER_SECRET, "globex", 1, "u1"): "154796f27c6519f28de7a69cc76f523e826cd344bb5b788693155c6272d99205",
+    (LEDGER_SECRET, "globex", 1, "u2"): "a859f3b4159629e3a3824a8a846f0ecd3f34bce1c89df2f31528ba391926120d",
+    (LEDGER_SECRET, "initech", 1, None): "66160398c8224e9fc1b53189c4123aa12145c7e354ab8e7ed5b718f350e27bed",
+    (LEDGER_SECRET, "initech", 2, None): "ff0717c805eeb1dbda9e460958d55db672ddc7695bf61b2f9a905540c0c544bb",
     (UNIT_SECRET, "acme", 1, None): "e63976d79e43f0ab546c4a09c845af397c01a1f53d2a958722d8d38eef61dac8",
     (UNIT_SECRET, "acme", 3, None): "f68ef0974d21ea56b2294de0c248ddfb2a6ba385c92acad272a2f16dda78631c",
     (UNIT_SECRET, "acme", 1, "u1"): "53ec697e8a905687dd1d9989da5e8a5ed65ef535ba5bc4595db3f201403bbec2",

@@ -1,15 +1,16 @@
 """Known-answer `cache_salt` vectors, computed once outside the product and pasted here as literals.
 
 Each value was produced by an independent tool, for example
-`printf '%s' 'acme:1' | openssl dgst -sha256 -hmac 'gateway-test-secret-of-at-least-32-bytes'`, so a derivation that ignored
-the secret, joined the fields differently or dropped the user would disagree with these values. Tests
-must take expected salts from here (never from `gateway.salts`); add a vector the same way when a test
-needs a new (secret, tenant, epoch, user).
+`printf '%s' 'acme:1' | openssl dgst -sha256 -hmac 'gateway-test-secret-of-at-least-32-bytes'`, so a
+derivation that ignored the secret, joined the fields differently or dropped the user would disagree with
+these values. Tests must take expected salts from here (never from `gateway.salts`); add a vector the same
+way when a test needs a new (secret, tenant, epoch, user).
 """
 
 from __future__ import annotations
 
-GATEWAY_SECRET = "gateway-test-secret-of-at-least-32-bytes"  # what `tests.harness.new_secret()` hands to served gateways
+# What `tests.harness.new_secret()` hands to served gateways (which refuse a secret under 32 bytes).
+GATEWAY_SECRET = "gateway-test-secret-of-at-least-32-bytes"
 LEDGER_SECRET = "ledger-test-secret-of-at-least-32-bytes"
 UNIT_SECRET = "unit-secret"
 
@@ -27,6 +28,10 @@ KNOWN_SALTS: dict[SaltKey, str] = {
     (GATEWAY_SECRET, "ops", 1, None): "52c634700142caafc5478479bb50f775ac4e3a5729b59417f6ded427e2c5f2e8",
     (GATEWAY_SECRET, "root", 1, None): "a2fe45478ad49cfdac274c5a3d1f23bca8bbd1850303e7f487806d591e75424e",
     (GATEWAY_SECRET, "ab", 1, None): "92a432ffc09c48b87a515fc81ca2cc6c6a5994ff77a2d90447ee63c50bd56256",
+    (GATEWAY_SECRET, "acme", 2, None): "6d6e82f394e25f374e982f66a70f84c79d854914d75c150e37f4dd24b8a96ac6",
+    (GATEWAY_SECRET, "globex", 1, None): "c4eb51bc0e93b054b36f11f5a1b2e5e6bb369b8be8d98e0dd3e1e18f8677b99f",
+    (GATEWAY_SECRET, "globex", 2, None): "8989b8ba03833cd93d2130dca611781cba4dc121a80ade4d7b6e3f4a9b6ee638",
+    (GATEWAY_SECRET, "acme", 3, None): "687a2a404739979949024ffa845e20cc23d8a198a5ea6c3e8b7a25e038e28437",
     # tests/lmcache: one tenant per pool and behaviour
     (GATEWAY_SECRET, "acme-lm", 1, None): "f14936d57cead2982dece72647342b58c6a0d62f4d93ea3e087f4d79e3ce0ec0",
     (GATEWAY_SECRET, "beta-lm", 1, None): "59fa1cf334b5e67a304a02e2e67e6566bec7df54920a40dc19c3b8331592fe69",

@@ -61,7 +61,7 @@ def test_responses_api_requests_get_the_tenant_salt(stack: Stack) -> None:
     reply = _post(stack, "acme", "/v1/responses", {"model": SIM_MODEL, "input": "respond", "max_output_tokens": 3})
     assert reply.status_code == 200
     seen = stack.sim_request(reply.headers["x-request-id"])
-    assert seen["cache_salt"] == "cb5c4d29040fda7d5b2e90f41569d5bbd40090738e1577c132fbccaa97e172e1"
+    assert seen["cache_salt"] == "a177b1287e445c7b774eff569fea8abdfb3497e60c0629368b399ac6f094addb"
     assert seen["cache_salt"] == expected_salt(stack.secret, "acme")
 
 
@@ -240,7 +240,7 @@ def test_admin_reload_applies_a_changed_directory_at_once(
     assert _salt_for(gateway, sim, acme) == expected_salt(SECRET, "acme", 1)  # not yet
     result = _admin_reload(gateway, policy)
     assert result["reloaded"] is True
-    assert _salt_for(gateway, sim, acme) == "8b3efa265c3d087ac3c202501f7b757fc26ba49d36f5ecb94279bb244acf92bc"
+    assert _salt_for(gateway, sim, acme) == "3afa14c953ca1a704f05ac2dad894c65bbd5a4c742c100931f8d001a54648496"
     assert _admin_reload(gateway, policy) == {"reloaded": False, "policy_version": result["policy_version"]}
 
 

@@ -19,6 +19,7 @@ class LedgerSettings(BaseSettings):
     salt_refresh_s: float = Field(default=1.0, gt=0)  # how often other replicas' user salts are picked up
     sweep_interval_s: float = Field(default=5.0, gt=0)  # resident blocks past retention, for the metric
     known_hashes: int = Field(default=1_000_000, ge=1_000)  # hash -> tenant memory for chain attribution
+    sqlite_busy_timeout_ms: int = Field(default=10_000, ge=0)  # wait for another writer's lock, then retry later
     redis_prefix: str = "kvgate:ledger:"
 
     def timing(self) -> SubscriberTiming:

@@ -45,10 +45,32 @@ class ClearOp(NamedTuple):
     media: tuple[str, ...] | None
     stored_before: float | None
     at: float
-    reason: str  # cleared | restart | lost
+    reason: str  # cleared | restart | reset (and `lost`, written by versions before silent sources were kept)
 
 
-Op = OpenOp | CloseOp | ClearOp
+class CopiesOp(NamedTuple):
+    """The open record of (source, medium, hash) is now held `copies` times by vLLM (persisted, so a gateway
+    restart does not close a block at its first removal while another copy is still resident)."""
+
+    medium: str
+    block_hash: HashValue
+    copies: int
+
+
+class SilenceOp(NamedTuple):
+    """The source went silent at `since`: its open records become unknown (not closed)."""
+
+    since: float
+
+
+class ResumeOp(NamedTuple):
+    """The same publisher process is heard again: its unknown records are resident again."""
+
+    at: float
+
+
+Op = OpenOp | CloseOp | ClearOp | CopiesOp | SilenceOp | ResumeOp
+CLOSING_REASONS = frozenset({"removed", "cleared", "restart", "reset"})  # what proves a block is gone
 
 
 class Closed(NamedTuple):
@@ -110,6 +132,7 @@ class BlockRecord:
     removed_at: float | None
     closed_by: str | None
     policy_version: str
+    unknown_since: float | None = None  # open, but its source went silent then: held or not is unknown
 
 
 @dataclass(frozen=True)
@@ -120,14 +143,28 @@ class OpenBlock:
     tenant: str
     epoch: int | None
     stored_at: float
+    copies: int = 1
+    unknown: bool = False
 
 
 @dataclass(frozen=True)
 class SourceEvent:
-    """A restart or a lost source, and how many open records it closed."""
+    """A restart, a silence (`silent`; `lost` before), a resumption or an operator reset, and how many open
+    records it closed (or, for `silent`, made unknown)."""
 
     source: str
     kind: str
     boundary_ts: float
     learned_at: float
     closed: int
+
+
+@dataclass(frozen=True)
+class TenantPolicyRecord:
+    """The last policy that named a tenant, kept so a tenant removed from policy is still judged."""
+
+    tenant: str
+    retention_s: float | None
+    media: tuple[str, ...]
+    policy_version: str
+    seen_at: float

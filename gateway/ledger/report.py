@@ -1,9 +1,16 @@
 """The audit report (contract §6) from block records. Pure: records, policies and a clock in; JSON out.
 
 Window semantics with `since`: stored = stored at or after it; removed, lifetimes and closed_by = removed at
-or after it; resident = resident now. Violations are judged now, against the policy in force now: a resident
-block older than `retention_seconds`, or a block removed in the window that lived longer; and every block
-in the window on a medium outside `allowed_media`.
+or after it; resident and unknown = open now (unknown: its source went silent, so whether vLLM still holds it
+is not known). Violations are judged now, against the policy in force now (or, for a tenant no longer in the
+policy set, the last policy that named it): an open block older than `retention_seconds`, or a block removed
+in the window that lived longer; and every block in the window on a medium outside `allowed_media`. Ages use
+one clock, the publisher's: block times are vLLM's, and "now" is the gateway's time minus the source's
+estimated clock offset.
+
+An epoch's `drained_at` is given only when the drain is proven: no block of it open or unknown, every block
+closed by a removal, a cache clear, a proven restart or an operator reset, and no unrecovered gap on any
+source. Otherwise `drain.reasons` says why not.
 """
 
 from __future__ import annotations
@@ -16,9 +23,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.kvevents.endpoints import plan_sources
-from gateway.ledger.records import BlockRecord, SourceEvent
+from gateway.ledger.records import CLOSING_REASONS, BlockRecord, SourceEvent, TenantPolicyRecord
 from gateway.policy.loader import PolicySet
-from gateway.policy.model import RESERVED_TENANT, TenantPolicy
+from gateway.policy.model import RESERVED_TENANT
 
 BASE_MEDIA = ("GPU", "CPU")
 
@@ -28,6 +35,8 @@ class EpochTally:
     stored: int = 0
     removed: int = 0
     resident: int = 0
+    unknown: int = 0
+    unproven_closes: Counter[str] = field(default_factory=Counter)  # closed_by values that prove nothing
     last_removed_at: float | None = None
 
 
@@ -36,8 +45,9 @@ class MediumTally:
     stored: int = 0
     removed: int = 0
     resident: int = 0
+    unknown: int = 0
     lifetimes: list[float] = field(default_factory=list)
-    oldest_stored_at: float | None = None
+    oldest_age: float | None = None  # of open blocks, on their publisher's clock
     age_violations: int = 0
     medium_violations: int = 0
     closed_by: Counter[str] = field(default_factory=Counter)
@@ -54,49 +64,82 @@ class Window:
 
 
 @dataclass(frozen=True)
+class Judge:
+    """What a tenant's blocks are judged against: its policy now, or the last one that named it."""
+
+    retention_s: float | None
+    media: tuple[str, ...]
+    in_force: bool
+    policy_version: str
+
+
+@dataclass(frozen=True)
 class AuditInputs:
     records: Iterable[BlockRecord]
     missing_batches: dict[str, int]
     source_events: list[SourceEvent]
+    clock_offsets: dict[str, float] = field(default_factory=dict)
+    last_policies: dict[str, TenantPolicyRecord] = field(default_factory=dict)
 
 
 def build_report(inputs: AuditInputs, policies: PolicySet, window: Window, tenant: str | None) -> dict[str, Any]:
-    tallies = _tally(inputs.records, policies, window)
+    judges = _judges(policies, inputs.last_policies)
+    tallies = _tally(inputs.records, judges, window, inputs.clock_offsets)
     names = _tenant_names(policies, tallies, tenant)
+    gap_reasons = [f"unrecovered gap of {count} batches on {source}"
+                   for source, count in sorted(inputs.missing_batches.items()) if count > 0]
     return {
         "generated_at": iso(window.now),
         "policy_version": policies.version,
         "since": iso(window.since) if window.since is not None else None,
         "gaps": _gaps(policies, inputs),
-        "tenants": {name: _tenant_view(policies.tenants.get(name), tallies.get(name, {}), window)
+        "tenants": {name: _tenant_view(judges.get(name), tallies.get(name, {}), window, gap_reasons)
                     for name in names},
+        "judged_against_last_policy": {name: judges[name].policy_version for name in names
+                                       if name in judges and not judges[name].in_force},
     }
 
 
-def _tally(records: Iterable[BlockRecord], policies: PolicySet, window: Window) -> dict[str, dict[str, MediumTally]]:
+def _judges(policies: PolicySet, last: dict[str, TenantPolicyRecord]) -> dict[str, Judge]:
+    judges = {name: Judge(record.retention_s, record.media, False, record.policy_version)
+              for name, record in last.items() if name not in policies.tenants}
+    for name, policy in policies.tenants.items():
+        judges[name] = Judge(policy.offload.retention_seconds, tuple(policy.offload.allowed_media), True,
+                             policies.version)
+    return judges
+
+
+def _tally(
+    records: Iterable[BlockRecord], judges: dict[str, Judge], window: Window, offsets: dict[str, float],
+) -> dict[str, dict[str, MediumTally]]:
     tallies: dict[str, dict[str, MediumTally]] = {}
     for record in records:
         tally = tallies.setdefault(record.tenant, {}).setdefault(record.medium, MediumTally())
-        _count(tally, record, policies.tenants.get(record.tenant), window)
+        _count(tally, record, judges.get(record.tenant), window.now - offsets.get(record.source, 0.0), window)
     return tallies
 
 
-def _count(tally: MediumTally, record: BlockRecord, policy: TenantPolicy | None, window: Window) -> None:
+def _count(tally: MediumTally, record: BlockRecord, judge: Judge | None, now: float, window: Window) -> None:
+    """`now` is on the publisher's clock (the source's offset taken off the gateway's time)."""
     stored_now = window.includes(record.stored_at)
     removed_now = window.includes(record.removed_at)
-    resident = record.removed_at is None
+    open_now = record.removed_at is None
+    unknown = open_now and record.unknown_since is not None
     tally.stored += stored_now
     tally.removed += removed_now
-    tally.resident += resident
+    tally.resident += open_now and not unknown
+    tally.unknown += unknown
     if removed_now:
         assert record.removed_at is not None
         tally.lifetimes.append(record.removed_at - record.stored_at)
         tally.closed_by[record.closed_by or "removed"] += 1
-    if resident and (tally.oldest_stored_at is None or record.stored_at < tally.oldest_stored_at):
-        tally.oldest_stored_at = record.stored_at
-    if policy is not None and (resident or removed_now):
-        tally.age_violations += _outlived(record, policy, window.now)
-        tally.medium_violations += record.medium not in policy.offload.allowed_media
+    if open_now:
+        age = now - record.stored_at
+        if tally.oldest_age is None or age > tally.oldest_age:
+            tally.oldest_age = age
+    if judge is not None and (open_now or removed_now):
+        tally.age_violations += _outlived(record, judge, now)
+        tally.medium_violations += record.medium not in judge.media
     if record.epoch is not None:
         _count_epoch(tally.epochs.setdefault(record.epoch, EpochTally()), record, stored_now, removed_now)
 
@@ -104,13 +147,18 @@ def _count(tally: MediumTally, record: BlockRecord, policy: TenantPolicy | None,
 def _count_epoch(epoch: EpochTally, record: BlockRecord, stored_now: bool, removed_now: bool) -> None:
     epoch.stored += stored_now
     epoch.removed += removed_now
-    epoch.resident += record.removed_at is None
-    if record.removed_at is not None and (epoch.last_removed_at is None or record.removed_at > epoch.last_removed_at):
+    if record.removed_at is None:
+        epoch.resident += record.unknown_since is None
+        epoch.unknown += record.unknown_since is not None
+        return
+    if (record.closed_by or "removed") not in CLOSING_REASONS:
+        epoch.unproven_closes[record.closed_by or "?"] += 1
+    if epoch.last_removed_at is None or record.removed_at > epoch.last_removed_at:
         epoch.last_removed_at = record.removed_at
 
 
-def _outlived(record: BlockRecord, policy: TenantPolicy, now: float) -> bool:
-    limit = policy.offload.retention_seconds
+def _outlived(record: BlockRecord, judge: Judge, now: float) -> bool:
+    limit = judge.retention_s
     end = now if record.removed_at is None else record.removed_at
     return limit is not None and end - record.stored_at > limit
 
@@ -122,31 +170,47 @@ def _tenant_names(policies: PolicySet, tallies: dict[str, Any], only: str | None
     return [name for name in names if only is None or name == only]
 
 
-def _tenant_view(policy: TenantPolicy | None, media: dict[str, MediumTally], window: Window) -> dict[str, Any]:
-    allowed = tuple(policy.offload.allowed_media) if policy is not None else ()
+def _tenant_view(
+    judge: Judge | None, media: dict[str, MediumTally], window: Window, gap_reasons: list[str],
+) -> dict[str, Any]:
+    allowed = judge.media if judge is not None else ()
     names = list(BASE_MEDIA) + sorted((set(allowed) | set(media)) - set(BASE_MEDIA))
-    return {name: _medium_view(media.get(name, MediumTally()), window) for name in names}
+    return {name: _medium_view(media.get(name, MediumTally()), gap_reasons) for name in names}
 
 
-def _medium_view(tally: MediumTally, window: Window) -> dict[str, Any]:
+def _medium_view(tally: MediumTally, gap_reasons: list[str]) -> dict[str, Any]:
     lifetimes = sorted(tally.lifetimes)
-    oldest = 0.0 if tally.oldest_stored_at is None else window.now - tally.oldest_stored_at
+    oldest = 0.0 if tally.oldest_age is None else tally.oldest_age
     return {
-        "stored": tally.stored, "removed": tally.removed, "resident": tally.resident,
+        "stored": tally.stored, "removed": tally.removed, "resident": tally.resident, "unknown": tally.unknown,
         "lifetime_p50_s": _percentile(lifetimes, 0.50), "lifetime_p99_s": _percentile(lifetimes, 0.99),
         "lifetime_max_s": round(lifetimes[-1], 3) if lifetimes else 0.0,
         "oldest_resident_age_s": round(max(oldest, 0.0), 3),
         "violations": {"age": tally.age_violations, "medium": tally.medium_violations},
         "closed_by": dict(sorted(tally.closed_by.items())),
-        "epochs": {str(number): _epoch_view(epoch) for number, epoch in sorted(tally.epochs.items())},
+        "epochs": {str(number): _epoch_view(epoch, gap_reasons) for number, epoch in sorted(tally.epochs.items())},
     }
 
 
-def _epoch_view(epoch: EpochTally) -> dict[str, Any]:
-    drained_at = iso(epoch.last_removed_at) if epoch.resident == 0 and epoch.last_removed_at else None
-    return {"stored": epoch.stored, "removed": epoch.removed, "resident": epoch.resident,
+def _epoch_view(epoch: EpochTally, gap_reasons: list[str]) -> dict[str, Any]:
+    reasons = drain_reasons(epoch, gap_reasons)
+    proven = not reasons and epoch.last_removed_at is not None
+    return {"stored": epoch.stored, "removed": epoch.removed, "resident": epoch.resident, "unknown": epoch.unknown,
             "last_removed_at": iso(epoch.last_removed_at) if epoch.last_removed_at else None,
-            "drained_at": drained_at}
+            "drained_at": iso(epoch.last_removed_at) if proven and epoch.last_removed_at else None,
+            "drain": {"proven": proven, "reasons": reasons}}
+
+
+def drain_reasons(epoch: EpochTally, gap_reasons: list[str]) -> list[str]:
+    """Why an epoch's drain is not proven (empty when it is)."""
+    reasons = []
+    if epoch.resident:
+        reasons.append(f"{epoch.resident} blocks resident")
+    if epoch.unknown:
+        reasons.append(f"{epoch.unknown} blocks unknown (their source went silent)")
+    for closed_by, count in sorted(epoch.unproven_closes.items()):
+        reasons.append(f"{count} blocks closed as {closed_by!r}, which proves no removal")
+    return reasons + (gap_reasons if reasons or epoch.last_removed_at is not None else [])
 
 
 def _percentile(ordered: list[float], fraction: float) -> float:
@@ -168,9 +232,12 @@ def _gap_view(source: str, inputs: AuditInputs) -> dict[str, Any]:
         "source": source,
         "missing_batches": inputs.missing_batches.get(source, 0),
         "restarts": sum(event.kind == "restart" for event in events),
-        "lost": sum(event.kind == "lost" for event in events),
-        "closed_without_removal": sum(event.closed for event in events),
+        "lost": sum(event.kind in ("silent", "lost") for event in events),
+        "resumed": sum(event.kind == "resumed" for event in events),
+        "resets": sum(event.kind == "reset" for event in events),
+        "closed_without_removal": sum(event.closed for event in events if event.kind in ("restart", "lost", "reset")),
         "last_restart_or_loss_at": iso(max(event.learned_at for event in events)) if events else None,
+        "clock_offset_s": round(offset, 3) if (offset := inputs.clock_offsets.get(source)) is not None else None,
     }
 
 

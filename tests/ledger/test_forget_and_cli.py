@@ -73,8 +73,9 @@ def test_old_epoch_drains_after_forget(tmp_path: Path, backend: Backend) -> None
             gpu_epochs, cpu_epochs = (report["tenants"]["acme"][m]["epochs"] for m in ("GPU", "CPU"))
             assert gpu_epochs["1"]["resident"] == 0 and gpu_epochs["1"]["drained_at"] is not None
             assert cpu_epochs["1"]["drained_at"] == cpu_epochs["1"]["last_removed_at"] is not None
-            assert gpu_epochs["2"] == {"stored": 1, "removed": 0, "resident": 1, "last_removed_at": None,
-                                       "drained_at": None}
+            assert gpu_epochs["1"]["drain"] == {"proven": True, "reasons": []}
+            assert gpu_epochs["2"] == {"stored": 1, "removed": 0, "resident": 1, "unknown": 0, "last_removed_at": None,
+                                       "drained_at": None, "drain": {"proven": False, "reasons": ["1 blocks resident"]}}
 
     try:
         asyncio.run(scenario())

@@ -173,3 +173,25 @@ def test_a_gateway_restart_resumes_from_the_store(tmp_path: Path, backend: Backe
     asyncio.run(first_run())
     publisher.publish([removed([1]), stored([3], parent=2)], ts=now - 10)  # while no gateway listens
     asyncio.run(second_run())
+
+
+def test_copy_counts_survive_a_gateway_restart(tmp_path: Path, backend: Backend, publisher: VllmPublisher) -> None:
+    root = _policies(tmp_path, publisher)
+
+    async def first_run() -> None:
+        async with running_ledger(root, backend) as ledger:
+            publisher.publish([stored([1], salt=_salt("acme"))])
+            publisher.publish([stored([1], salt=_salt("acme"))])  # vLLM holds a second copy of block 1
+            await eventually(ledger.audit, lambda r: counts(r, "acme", "GPU") == (1, 0, 1))
+
+    async def second_run() -> None:
+        async with running_ledger(root, backend) as ledger:
+            publisher.publish([removed([1])])  # one copy left: still resident
+            publisher.publish([stored([2], salt=_salt("globex"))])
+            report = await eventually(ledger.audit, lambda r: counts(r, "globex", "GPU") == (1, 0, 1))
+            assert counts(report, "acme", "GPU") == (1, 0, 1)
+            publisher.publish([removed([1])])  # the last copy
+            await eventually(ledger.audit, lambda r: counts(r, "acme", "GPU") == (1, 1, 0))
+
+    asyncio.run(first_run())
+    asyncio.run(second_run())

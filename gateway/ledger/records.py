@@ -168,3 +168,52 @@ class TenantPolicyRecord:
     media: tuple[str, ...]
     policy_version: str
     seen_at: float
+
+
+@dataclass(frozen=True)
+class TallyRow:
+    """Per (tenant, medium, epoch): counts kept by the store as records open and close (never rescanned)."""
+
+    tenant: str
+    medium: str
+    epoch: int | None
+    stored: int
+    removed: int
+    open: int
+    unknown: int
+    last_removed_at: float | None
+    max_lifetime: float | None
+
+
+@dataclass(frozen=True)
+class CloseCount:
+    tenant: str
+    medium: str
+    epoch: int | None
+    closed_by: str
+    count: int
+
+
+@dataclass(frozen=True)
+class LifetimeBucket:
+    """Closed records whose lifetime rounds up to `ceil_s` seconds; `high` is the longest of them."""
+
+    tenant: str
+    medium: str
+    ceil_s: int
+    count: int
+    high: float
+
+
+@dataclass(frozen=True)
+class LedgerSummary:
+    """What the audit needs without reading every record: incremental tallies, lifetime histograms, and
+    per (tenant, medium) the open blocks past retention and the oldest open block, judged on each source's
+    clock. Closed records older than `compacted_before` are only in the tallies and histograms."""
+
+    tallies: list[TallyRow]
+    closes: list[CloseCount]
+    lifetimes: list[LifetimeBucket]
+    overdue_open: dict[tuple[str, str], int]
+    oldest_open_age: dict[tuple[str, str], float]
+    compacted_before: float | None

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.kvevents.endpoints import plan_sources
-from gateway.ledger.records import CLOSING_REASONS, BlockRecord, SourceEvent, TenantPolicyRecord
+from gateway.ledger.records import CLOSING_REASONS, BlockRecord, LedgerSummary, SourceEvent, TenantPolicyRecord
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import RESERVED_TENANT
 
@@ -47,6 +47,7 @@ class MediumTally:
     resident: int = 0
     unknown: int = 0
     lifetimes: list[float] = field(default_factory=list)
+    histogram: list[tuple[int, int, float]] = field(default_factory=list)  # (ceil_s, count, high), from tallies
     oldest_age: float | None = None  # of open blocks, on their publisher's clock
     age_violations: int = 0
     medium_violations: int = 0
@@ -179,12 +180,17 @@ def _tenant_view(
 
 
 def _medium_view(tally: MediumTally, gap_reasons: list[str]) -> dict[str, Any]:
-    lifetimes = sorted(tally.lifetimes)
     oldest = 0.0 if tally.oldest_age is None else tally.oldest_age
+    if tally.histogram:
+        p50, p99, longest = (_histogram_percentile(tally.histogram, 0.50), _histogram_percentile(tally.histogram, 0.99),
+                             round(tally.histogram[-1][2], 3))
+    else:
+        lifetimes = sorted(tally.lifetimes)
+        p50, p99 = _percentile(lifetimes, 0.50), _percentile(lifetimes, 0.99)
+        longest = round(lifetimes[-1], 3) if lifetimes else 0.0
     return {
         "stored": tally.stored, "removed": tally.removed, "resident": tally.resident, "unknown": tally.unknown,
-        "lifetime_p50_s": _percentile(lifetimes, 0.50), "lifetime_p99_s": _percentile(lifetimes, 0.99),
-        "lifetime_max_s": round(lifetimes[-1], 3) if lifetimes else 0.0,
+        "lifetime_p50_s": p50, "lifetime_p99_s": p99, "lifetime_max_s": longest,
         "oldest_resident_age_s": round(max(oldest, 0.0), 3),
         "violations": {"age": tally.age_violations, "medium": tally.medium_violations},
         "closed_by": dict(sorted(tally.closed_by.items())),
@@ -211,6 +217,78 @@ def drain_reasons(epoch: EpochTally, gap_reasons: list[str]) -> list[str]:
     for closed_by, count in sorted(epoch.unproven_closes.items()):
         reasons.append(f"{count} blocks closed as {closed_by!r}, which proves no removal")
     return reasons + (gap_reasons if reasons or epoch.last_removed_at is not None else [])
+
+
+def _histogram_percentile(buckets: list[tuple[int, int, float]], fraction: float) -> float:
+    """Nearest rank over 1-second buckets: the longest lifetime in the bucket holding that rank (a lifetime
+    that occurred, at most a second above the exact percentile)."""
+    total = sum(count for _ceil, count, _high in buckets)
+    rank = max(1, math.ceil(fraction * total))
+    seen = 0
+    for _ceil, count, high in buckets:
+        seen += count
+        if seen >= rank:
+            return round(high, 3)
+    return round(buckets[-1][2], 3)
+
+
+def build_summary_report(
+    summary: LedgerSummary, inputs: AuditInputs, policies: PolicySet, window: Window, tenant: str | None,
+) -> dict[str, Any]:
+    """The same report as `build_report`, from the store's incremental aggregates (no window: `since` needs
+    the records)."""
+    judges = _judges(policies, inputs.last_policies)
+    tallies = _tallies_from_summary(summary, judges)
+    names = _tenant_names(policies, tallies, tenant)
+    gap_reasons = [f"unrecovered gap of {count} batches on {source}"
+                   for source, count in sorted(inputs.missing_batches.items()) if count > 0]
+    return {
+        "generated_at": iso(window.now),
+        "policy_version": policies.version,
+        "since": None,
+        "gaps": _gaps(policies, inputs),
+        "tenants": {name: _tenant_view(judges.get(name), tallies.get(name, {}), window, gap_reasons)
+                    for name in names},
+        "judged_against_last_policy": {name: judges[name].policy_version for name in names
+                                       if name in judges and not judges[name].in_force},
+        "compacted_before": iso(summary.compacted_before) if summary.compacted_before is not None else None,
+    }
+
+
+def _tallies_from_summary(summary: LedgerSummary, judges: dict[str, Judge]) -> dict[str, dict[str, MediumTally]]:
+    tallies: dict[str, dict[str, MediumTally]] = {}
+
+    def tally(tenant: str, medium: str) -> MediumTally:
+        return tallies.setdefault(tenant, {}).setdefault(medium, MediumTally())
+
+    for row in summary.tallies:
+        medium = tally(row.tenant, row.medium)
+        medium.stored += row.stored
+        medium.removed += row.removed
+        medium.resident += row.open - row.unknown
+        medium.unknown += row.unknown
+        if row.epoch is not None:
+            medium.epochs[row.epoch] = EpochTally(row.stored, row.removed, row.open - row.unknown, row.unknown,
+                                                  Counter(), row.last_removed_at)
+    for close in summary.closes:
+        medium = tally(close.tenant, close.medium)
+        medium.closed_by[close.closed_by] += close.count
+        if close.epoch is not None and close.closed_by not in CLOSING_REASONS and close.epoch in medium.epochs:
+            medium.epochs[close.epoch].unproven_closes[close.closed_by] += close.count
+    for bucket in summary.lifetimes:
+        tally(bucket.tenant, bucket.medium).histogram.append((bucket.ceil_s, bucket.count, bucket.high))
+    for (tenant, medium_name), age in summary.oldest_open_age.items():
+        tally(tenant, medium_name).oldest_age = age
+    for tenant, media in tallies.items():
+        judge = judges.get(tenant)
+        if judge is None:
+            continue
+        for name, medium in media.items():
+            medium.medium_violations = medium.stored if name not in judge.media else 0
+            medium.age_violations = summary.overdue_open.get((tenant, name), 0) + sum(
+                count for ceil_s, count, _high in medium.histogram
+                if judge.retention_s is not None and ceil_s > judge.retention_s)
+    return tallies
 
 
 def _percentile(ordered: list[float], fraction: float) -> float:

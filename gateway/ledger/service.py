@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import zmq.asyncio
 
@@ -26,7 +26,7 @@ from gateway.kvevents.wire import EventBatch
 from gateway.ledger.attribution import KnownHashes
 from gateway.ledger.audit import collect_audit
 from gateway.ledger.base import LedgerStore, StoreUnavailable
-from gateway.ledger.config import LedgerSettings
+from gateway.ledger.config import LedgerSettings, compaction_horizon
 from gateway.ledger.factory import open_store
 from gateway.ledger.lifecycle import LedgerState, SourceEnd
 from gateway.ledger.observe import LedgerMetrics
@@ -45,6 +45,11 @@ REMEMBERED_USERS = 1_000_000  # (tenant, epoch, user) triples kept to make repea
 RESUBSCRIBE_DELAY_S = 1.0
 RESTART_DELAY_S = 1.0  # before a ledger task that ended is started again
 CLOCK_SAMPLES = 256  # receive-time samples per source for the clock-offset estimate
+
+
+@runtime_checkable
+class CompactingStore(Protocol):
+    async def compact(self, before: float) -> int: ...
 
 
 class LedgerService:
@@ -104,6 +109,7 @@ class LedgerService:
         self._own.append(self._keep_running("ledger-writer", lambda: self.writer.run(self.config.flush_interval_s)))
         self._own.append(self._keep_running("ledger-salts", self._salt_refresh_loop))
         self._own.append(self._keep_running("ledger-retention-sweep", self._sweep_loop))
+        self._own.append(self._keep_running("ledger-compaction", self._compaction_loop))
         self._plan(self.holder.current)
         self.holder.listeners.append(self._on_policies)
 
@@ -278,6 +284,26 @@ class LedgerService:
         entries, self._salt_position = await self.store.salt_entries(self._salt_position)
         if entries:
             self.salts.add_users(entries)
+
+    async def _compaction_loop(self) -> None:
+        """Closed records past the horizon leave the store; the audit's totals (kept by the store) keep them."""
+        if not isinstance(self.store, CompactingStore):
+            log.info("ledger_compaction_unavailable", store=type(self.store).__name__)
+            await asyncio.Event().wait()  # nothing to do for this store, ever
+            return
+        store: CompactingStore = self.store
+        while True:
+            await asyncio.sleep(self.config.compact_interval_s)
+            retentions = [tenant.offload.retention_seconds for tenant in self.holder.current.tenants.values()
+                          if tenant.offload.retention_seconds is not None]
+            horizon = compaction_horizon(self.config.compact_after_s, retentions)
+            try:
+                deleted = await store.compact(time.time() - horizon)
+            except Exception as error:  # retried next interval
+                self.metrics.store_error(type(error).__name__)
+                continue
+            if deleted:
+                log.info("ledger_compacted", records=deleted, horizon_s=horizon)
 
     async def _sweep_loop(self) -> None:
         while True:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from gateway.kvevents.sequence import Cursor
 from gateway.kvevents.wire import HashValue
+from gateway.ledger import sqlite_tally
 from gateway.ledger.hashcodec import from_sql, to_sql
 from gateway.ledger.records import (
     BatchOps,
@@ -26,6 +27,7 @@ from gateway.ledger.records import (
     CloseOp,
     CopiesOp,
     GapRecord,
+    LedgerSummary,
     Op,
     OpenBlock,
     OpenOp,
@@ -108,6 +110,7 @@ class SqliteStore:
         for column, kind in ADDED_COLUMNS.items():
             if column not in present:
                 db.execute(f"ALTER TABLE ledger_blocks ADD COLUMN {column} {kind}")
+        sqlite_tally.install(db)
         self._db = db
 
     @property
@@ -256,7 +259,19 @@ class SqliteStore:
             where.append("tenant = ?")
             params.append(tenant)
         sql = f"SELECT {RECORD_COLUMNS} FROM ledger_blocks WHERE {' AND '.join(where)}"  # noqa: S608
-        return [BlockRecord(*row) for row in await self._run(self._select, sql, tuple(params))]
+        return await self._run(self._records, sql, tuple(params))
+
+    def _records(self, sql: str, params: tuple[Any, ...]) -> list[BlockRecord]:
+        return [BlockRecord(*row) for row in self.db.execute(sql, params)]
+
+    async def summary(
+        self, limits: dict[str, float], offsets: dict[str, float], now: float, tenant: str | None,
+    ) -> LedgerSummary:
+        return await self._run(sqlite_tally.summary, self.db, limits, offsets, now, tenant)
+
+    async def compact(self, before: float) -> int:
+        """Delete closed records removed before `before`; the audit's totals keep them."""
+        return await self._run(sqlite_tally.compact, self.db, before)
 
     async def missing_batches(self) -> dict[str, int]:
         sql = "SELECT source, SUM(last_seq - first_seq + 1) FROM ledger_gaps GROUP BY source"

@@ -1,0 +1,151 @@
+"""Incremental audit aggregates inside the SQLite ledger: triggers keep per (tenant, medium, epoch) counts,
+close reasons and a lifetime histogram (1-second buckets, rounded up, so "lifetime > N s" is exact for whole
+seconds) as records open, close and turn unknown. The audit then reads these small tables and a few indexed
+counts instead of every record, and closed records older than the compaction horizon can be deleted without
+changing any total. Runs on the store's SQLite thread (plain functions over a connection).
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Mapping
+
+from gateway.ledger.records import CloseCount, LedgerSummary, LifetimeBucket, TallyRow
+
+NO_EPOCH = -1
+COMPACT_CHUNK = 50_000
+
+TALLY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ledger_tally (
+    tenant TEXT NOT NULL, medium TEXT NOT NULL, epoch INTEGER NOT NULL, stored INTEGER NOT NULL DEFAULT 0,
+    removed INTEGER NOT NULL DEFAULT 0, open INTEGER NOT NULL DEFAULT 0, unknown INTEGER NOT NULL DEFAULT 0,
+    last_removed_at REAL, max_lifetime REAL, PRIMARY KEY (tenant, medium, epoch)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger_closes (
+    tenant TEXT NOT NULL, medium TEXT NOT NULL, epoch INTEGER NOT NULL, closed_by TEXT NOT NULL,
+    count INTEGER NOT NULL, PRIMARY KEY (tenant, medium, epoch, closed_by)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger_lifetimes (
+    tenant TEXT NOT NULL, medium TEXT NOT NULL, ceil_s INTEGER NOT NULL, count INTEGER NOT NULL, high REAL NOT NULL,
+    PRIMARY KEY (tenant, medium, ceil_s)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger_compaction (id INTEGER PRIMARY KEY CHECK (id = 1), compacted_before REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS ledger_blocks_open_age ON ledger_blocks(tenant, medium, source, stored_at)
+    WHERE removed_at IS NULL;
+CREATE INDEX IF NOT EXISTS ledger_blocks_closed ON ledger_blocks(removed_at) WHERE removed_at IS NOT NULL;
+CREATE TRIGGER IF NOT EXISTS ledger_tally_open AFTER INSERT ON ledger_blocks BEGIN
+    INSERT INTO ledger_tally (tenant, medium, epoch, stored, open, unknown)
+    VALUES (NEW.tenant, NEW.medium, COALESCE(NEW.epoch, -1), 1, NEW.removed_at IS NULL,
+            NEW.removed_at IS NULL AND NEW.unknown_since IS NOT NULL)
+    ON CONFLICT (tenant, medium, epoch) DO UPDATE SET stored = stored + 1, open = open + excluded.open,
+        unknown = unknown + excluded.unknown;
+END;
+CREATE TRIGGER IF NOT EXISTS ledger_tally_close AFTER UPDATE OF removed_at ON ledger_blocks
+WHEN OLD.removed_at IS NULL AND NEW.removed_at IS NOT NULL BEGIN
+    UPDATE ledger_tally SET removed = removed + 1, open = open - 1,
+        unknown = unknown - (OLD.unknown_since IS NOT NULL),
+        last_removed_at = MAX(COALESCE(last_removed_at, NEW.removed_at), NEW.removed_at),
+        max_lifetime = MAX(COALESCE(max_lifetime, NEW.removed_at - NEW.stored_at), NEW.removed_at - NEW.stored_at)
+    WHERE tenant = NEW.tenant AND medium = NEW.medium AND epoch = COALESCE(NEW.epoch, -1);
+    INSERT INTO ledger_closes VALUES (NEW.tenant, NEW.medium, COALESCE(NEW.epoch, -1),
+                                      COALESCE(NEW.closed_by, 'removed'), 1)
+    ON CONFLICT (tenant, medium, epoch, closed_by) DO UPDATE SET count = count + 1;
+    INSERT INTO ledger_lifetimes VALUES (
+        NEW.tenant, NEW.medium, CAST(MAX(0, ceil(NEW.removed_at - NEW.stored_at)) AS INTEGER), 1,
+        NEW.removed_at - NEW.stored_at)
+    ON CONFLICT (tenant, medium, ceil_s) DO UPDATE SET count = count + 1, high = MAX(high, excluded.high);
+END;
+CREATE TRIGGER IF NOT EXISTS ledger_tally_unknown AFTER UPDATE OF unknown_since ON ledger_blocks
+WHEN NEW.removed_at IS NULL AND ((OLD.unknown_since IS NULL) != (NEW.unknown_since IS NULL)) BEGIN
+    UPDATE ledger_tally SET unknown = unknown + (CASE WHEN NEW.unknown_since IS NULL THEN -1 ELSE 1 END)
+    WHERE tenant = NEW.tenant AND medium = NEW.medium AND epoch = COALESCE(NEW.epoch, -1);
+END;
+"""
+
+BACKFILL = """
+INSERT INTO ledger_tally (tenant, medium, epoch, stored, removed, open, unknown, last_removed_at, max_lifetime)
+SELECT tenant, medium, COALESCE(epoch, -1), COUNT(*), COUNT(removed_at), COUNT(*) - COUNT(removed_at),
+       SUM(removed_at IS NULL AND unknown_since IS NOT NULL), MAX(removed_at), MAX(removed_at - stored_at)
+FROM ledger_blocks GROUP BY tenant, medium, COALESCE(epoch, -1);
+INSERT INTO ledger_closes SELECT tenant, medium, COALESCE(epoch, -1), COALESCE(closed_by, 'removed'), COUNT(*)
+FROM ledger_blocks WHERE removed_at IS NOT NULL GROUP BY 1, 2, 3, 4;
+INSERT INTO ledger_lifetimes SELECT tenant, medium, CAST(MAX(0, ceil(removed_at - stored_at)) AS INTEGER), COUNT(*),
+       MAX(removed_at - stored_at)
+FROM ledger_blocks WHERE removed_at IS NOT NULL GROUP BY 1, 2, 3;
+"""
+
+
+def install(db: sqlite3.Connection) -> None:
+    """Create the aggregate tables and triggers; fill them from the records of a file made before them."""
+    try:
+        db.execute("SELECT ceil(1.5)")
+    except sqlite3.OperationalError:  # an SQLite built without its math functions
+        db.create_function("ceil", 1, math.ceil, deterministic=True)
+    fresh = db.execute("SELECT name FROM sqlite_master WHERE name = 'ledger_tally'").fetchone() is None
+    db.executescript(TALLY_SCHEMA)
+    if fresh and db.execute("SELECT 1 FROM ledger_blocks LIMIT 1").fetchone() is not None:
+        db.executescript(f"BEGIN IMMEDIATE; {BACKFILL} COMMIT;")
+
+
+def summary(
+    db: sqlite3.Connection, limits: Mapping[str, float], offsets: Mapping[str, float], now: float,
+    tenant: str | None,
+) -> LedgerSummary:
+    """`limits`: retention per tenant; `offsets`: clock offset per source; `now`: the gateway's time."""
+    where, params = ("WHERE tenant = ?", (tenant,)) if tenant is not None else ("", ())
+    tallies = [TallyRow(t, m, None if e == NO_EPOCH else e, s, r, o, u, last, longest)
+               for t, m, e, s, r, o, u, last, longest in db.execute(
+                   f"SELECT tenant, medium, epoch, stored, removed, open, unknown, last_removed_at, max_lifetime "  # noqa: S608
+                   f"FROM ledger_tally {where}", params)]
+    closes = [CloseCount(t, m, None if e == NO_EPOCH else e, c, n) for t, m, e, c, n in db.execute(
+        f"SELECT tenant, medium, epoch, closed_by, count FROM ledger_closes {where}", params)]  # noqa: S608
+    lifetimes = [LifetimeBucket(*row) for row in db.execute(
+        f"SELECT tenant, medium, ceil_s, count, high FROM ledger_lifetimes {where} ORDER BY ceil_s", params)]  # noqa: S608
+    overdue, oldest = _open_ages(db, limits, offsets, now, tenant)
+    row = db.execute("SELECT compacted_before FROM ledger_compaction WHERE id = 1").fetchone()
+    return LedgerSummary(tallies, closes, lifetimes, overdue, oldest, row[0] if row else None)
+
+
+def _open_ages(
+    db: sqlite3.Connection, limits: Mapping[str, float], offsets: Mapping[str, float], now: float,
+    tenant: str | None,
+) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], float]]:
+    """Indexed: the oldest open block per (tenant, medium, source), and open blocks older than retention."""
+    where, params = ("AND tenant = ?", (tenant,)) if tenant is not None else ("", ())
+    overdue: dict[tuple[str, str], int] = {}
+    oldest: dict[tuple[str, str], float] = {}
+    pairs = db.execute(f"SELECT DISTINCT tenant, medium FROM ledger_tally WHERE open > 0 {where}", params).fetchall()  # noqa: S608
+    sources = [row[0] for row in db.execute("SELECT source FROM ledger_cursors UNION SELECT source FROM ledger_clock")]
+    for name, medium, source in ((n, m, s) for n, m in pairs for s in sources):
+        first = db.execute("SELECT MIN(stored_at) FROM ledger_blocks WHERE removed_at IS NULL AND tenant = ? AND "
+                           "medium = ? AND source = ?", (name, medium, source)).fetchone()[0]
+        if first is None:
+            continue
+        source_now = now - offsets.get(source, 0.0)
+        key = (name, medium)
+        oldest[key] = max(oldest.get(key, 0.0), source_now - first)
+        limit = limits.get(name)
+        if limit is not None and source_now - first > limit:
+            count = db.execute("SELECT COUNT(*) FROM ledger_blocks WHERE removed_at IS NULL AND tenant = ? AND "
+                               "medium = ? AND source = ? AND stored_at < ?",
+                               (name, medium, source, source_now - limit)).fetchone()[0]
+            overdue[key] = overdue.get(key, 0) + count
+    return overdue, oldest
+
+
+def compact(db: sqlite3.Connection, before: float) -> int:
+    """Delete closed records removed before `before` (their totals stay in the aggregates), in chunks."""
+    deleted = 0
+    while True:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            count = db.execute("DELETE FROM ledger_blocks WHERE rowid IN (SELECT rowid FROM ledger_blocks "
+                               "WHERE removed_at IS NOT NULL AND removed_at < ? LIMIT ?)",
+                               (before, COMPACT_CHUNK)).rowcount
+            db.execute("INSERT INTO ledger_compaction VALUES (1, ?) ON CONFLICT (id) DO UPDATE "
+                       "SET compacted_before = MAX(compacted_before, excluded.compacted_before)", (before,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        deleted += count
+        if count < COMPACT_CHUNK:
+            return deleted

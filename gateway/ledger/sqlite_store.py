@@ -72,7 +72,8 @@ CREATE TABLE IF NOT EXISTS ledger_salt_digests (
 OPEN_SQL = ("INSERT OR IGNORE INTO ledger_blocks (source, medium, hash, parent, tenant, epoch, stored_at, "
             "policy_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 CLOSE_SQL = ("UPDATE ledger_blocks SET removed_at = ?, closed_by = 'removed' "
-             "WHERE source = ? AND medium = ? AND hash = ? AND removed_at IS NULL")
+             "WHERE source = ? AND medium = ? AND hash = ? AND removed_at IS NULL "
+             "RETURNING tenant, epoch, stored_at, unknown_since")
 CURSOR_SQL = ("INSERT INTO ledger_cursors (source, seq, ts) VALUES (?, ?, ?) ON CONFLICT (source) DO UPDATE "
               "SET seq = excluded.seq, ts = excluded.ts "
               "WHERE excluded.ts > ledger_cursors.ts "
@@ -90,6 +91,7 @@ class SqliteStore:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-ledger-sqlite")
         self._db: sqlite3.Connection | None = None
         self._flushes = 0
+        self._delta = sqlite_tally.TallyDelta()
 
     @classmethod
     async def open(cls, path: Path, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> SqliteStore:
@@ -132,8 +134,10 @@ class SqliteStore:
 
     def _apply(self, batches: list[BatchOps]) -> list[bool]:
         now = time.time()
+        self._delta = sqlite_tally.TallyDelta()
         with _transaction(self.db):
             applied = [self._apply_one(batch, now) for batch in batches]
+            self._delta.write(self.db)
         self._flushes += 1
         if self._flushes % PRUNE_EVERY == 0:
             with contextlib.suppress(sqlite3.OperationalError):  # housekeeping; the batches are committed
@@ -152,9 +156,9 @@ class SqliteStore:
 
     def _run_ops(self, batch: BatchOps, kind: type, ops: list[Op]) -> None:
         if kind is OpenOp:
-            self.db.executemany(OPEN_SQL, [_open_row(batch, op) for op in ops if isinstance(op, OpenOp)])
+            self._open(batch, [op for op in ops if isinstance(op, OpenOp)])
         elif kind is CloseOp:
-            self.db.executemany(CLOSE_SQL, [_close_row(batch, op) for op in ops if isinstance(op, CloseOp)])
+            self._close(batch, [op for op in ops if isinstance(op, CloseOp)])
         elif kind is CopiesOp:
             self.db.executemany(COPIES_SQL, [(op.copies, batch.source, op.medium, to_sql(op.block_hash))
                                              for op in ops if isinstance(op, CopiesOp)])
@@ -167,15 +171,36 @@ class SqliteStore:
                 elif isinstance(op, ResumeOp):
                     self._resume(batch, op)
 
+    def _open(self, batch: BatchOps, ops: list[OpenOp]) -> None:
+        """One statement per block: a block already open (another replica's batch) is not counted twice."""
+        execute, opened = self.db.execute, self._delta.opened
+        for op in ops:
+            if execute(OPEN_SQL, _open_row(batch, op)).rowcount:
+                opened(op.tenant, op.medium, op.epoch)
+
+    def _close(self, batch: BatchOps, ops: list[CloseOp]) -> None:
+        execute, closed = self.db.execute, self._delta.closed
+        for op in ops:
+            hit = execute(CLOSE_SQL, _close_row(batch, op)).fetchone()
+            if hit is not None:
+                tenant, epoch, stored_at, unknown_since = hit
+                closed(tenant, op.medium, epoch, "removed", stored_at, op.removed_at, unknown_since is not None)
+
     def _silence(self, batch: BatchOps, op: SilenceOp) -> None:
-        marked = self.db.execute("UPDATE ledger_blocks SET unknown_since = ? WHERE source = ? AND removed_at IS NULL "
-                                 "AND unknown_since IS NULL", (op.since, batch.source)).rowcount
-        self._source_event(batch, "silent", op.since, marked)
+        rows = self.db.execute("UPDATE ledger_blocks SET unknown_since = ? WHERE source = ? AND removed_at IS NULL "
+                               "AND unknown_since IS NULL RETURNING tenant, medium, epoch",
+                               (op.since, batch.source)).fetchall()
+        for tenant, medium, epoch in rows:
+            self._delta.unknown(tenant, medium, epoch, 1)
+        self._source_event(batch, "silent", op.since, len(rows))
 
     def _resume(self, batch: BatchOps, op: ResumeOp) -> None:
-        back = self.db.execute("UPDATE ledger_blocks SET unknown_since = NULL WHERE source = ? AND removed_at IS NULL "
-                               "AND unknown_since IS NOT NULL", (batch.source,)).rowcount
-        self._source_event(batch, "resumed", op.at, back)
+        rows = self.db.execute("UPDATE ledger_blocks SET unknown_since = NULL WHERE source = ? AND removed_at IS NULL "
+                               "AND unknown_since IS NOT NULL RETURNING tenant, medium, epoch",
+                               (batch.source,)).fetchall()
+        for tenant, medium, epoch in rows:
+            self._delta.unknown(tenant, medium, epoch, -1)
+        self._source_event(batch, "resumed", op.at, len(rows))
 
     def _source_event(self, batch: BatchOps, kind: str, at: float, count: int) -> None:
         self.db.execute("INSERT OR IGNORE INTO ledger_source_events VALUES (?, ?, ?, ?, ?)",
@@ -190,10 +215,13 @@ class SqliteStore:
         if op.stored_before is not None:
             where.append("stored_at < ?")
             params.append(op.stored_before)
-        sql = f"UPDATE ledger_blocks SET removed_at = ?, closed_by = ? WHERE {' AND '.join(where)}"  # noqa: S608
-        closed = self.db.execute(sql, (op.at, op.reason, *params)).rowcount
+        sql = (f"UPDATE ledger_blocks SET removed_at = ?, closed_by = ? WHERE {' AND '.join(where)} "  # noqa: S608
+               "RETURNING tenant, medium, epoch, stored_at, unknown_since")
+        rows = self.db.execute(sql, (op.at, op.reason, *params)).fetchall()
+        for tenant, medium, epoch, stored_at, unknown_since in rows:
+            self._delta.closed(tenant, medium, epoch, op.reason, stored_at, op.at, unknown_since is not None)
         if op.reason in SOURCE_EVENT_REASONS:
-            self._source_event(batch, op.reason, op.at, closed)
+            self._source_event(batch, op.reason, op.at, len(rows))
 
     async def record_gaps(self, gaps: Sequence[GapRecord]) -> None:
         rows = [(gap.source, gap.first_seq, gap.last_seq, gap.after_ts) for gap in gaps]

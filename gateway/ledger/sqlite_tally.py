@@ -1,8 +1,9 @@
-"""Incremental audit aggregates inside the SQLite ledger: triggers keep per (tenant, medium, epoch) counts,
-close reasons and a lifetime histogram (1-second buckets, rounded up, so "lifetime > N s" is exact for whole
-seconds) as records open, close and turn unknown. The audit then reads these small tables and a few indexed
-counts instead of every record, and closed records older than the compaction horizon can be deleted without
-changing any total. Runs on the store's SQLite thread (plain functions over a connection).
+"""Incremental audit aggregates inside the SQLite ledger: per (tenant, medium, epoch) counts, close reasons
+and a lifetime histogram (1-second buckets, rounded up, so "lifetime > N s" is exact for whole seconds),
+changed in the same transaction as the records they count (`TallyDelta`: each statement reports the rows
+it really opened, closed or turned unknown, and the deltas are written once per flush). The audit reads
+these small tables and a few indexed counts instead of every record, and closed records older than the
+compaction horizon can be deleted without changing any total. Runs on the store's SQLite thread.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 import sqlite3
 from collections.abc import Mapping
+from typing import Any
 
 from gateway.ledger.records import CloseCount, LedgerSummary, LifetimeBucket, TallyRow
 
@@ -30,34 +32,10 @@ CREATE TABLE IF NOT EXISTS ledger_lifetimes (
 CREATE TABLE IF NOT EXISTS ledger_compaction (id INTEGER PRIMARY KEY CHECK (id = 1), compacted_before REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS ledger_blocks_open_age ON ledger_blocks(tenant, medium, source, stored_at)
     WHERE removed_at IS NULL;
-CREATE INDEX IF NOT EXISTS ledger_blocks_closed ON ledger_blocks(removed_at) WHERE removed_at IS NOT NULL;
-CREATE TRIGGER IF NOT EXISTS ledger_tally_open AFTER INSERT ON ledger_blocks BEGIN
-    INSERT INTO ledger_tally (tenant, medium, epoch, stored, open, unknown)
-    VALUES (NEW.tenant, NEW.medium, COALESCE(NEW.epoch, -1), 1, NEW.removed_at IS NULL,
-            NEW.removed_at IS NULL AND NEW.unknown_since IS NOT NULL)
-    ON CONFLICT (tenant, medium, epoch) DO UPDATE SET stored = stored + 1, open = open + excluded.open,
-        unknown = unknown + excluded.unknown;
-END;
-CREATE TRIGGER IF NOT EXISTS ledger_tally_close AFTER UPDATE OF removed_at ON ledger_blocks
-WHEN OLD.removed_at IS NULL AND NEW.removed_at IS NOT NULL BEGIN
-    UPDATE ledger_tally SET removed = removed + 1, open = open - 1,
-        unknown = unknown - (OLD.unknown_since IS NOT NULL),
-        last_removed_at = MAX(COALESCE(last_removed_at, NEW.removed_at), NEW.removed_at),
-        max_lifetime = MAX(COALESCE(max_lifetime, NEW.removed_at - NEW.stored_at), NEW.removed_at - NEW.stored_at)
-    WHERE tenant = NEW.tenant AND medium = NEW.medium AND epoch = COALESCE(NEW.epoch, -1);
-    INSERT INTO ledger_closes VALUES (NEW.tenant, NEW.medium, COALESCE(NEW.epoch, -1),
-                                      COALESCE(NEW.closed_by, 'removed'), 1)
-    ON CONFLICT (tenant, medium, epoch, closed_by) DO UPDATE SET count = count + 1;
-    INSERT INTO ledger_lifetimes VALUES (
-        NEW.tenant, NEW.medium, CAST(MAX(0, ceil(NEW.removed_at - NEW.stored_at)) AS INTEGER), 1,
-        NEW.removed_at - NEW.stored_at)
-    ON CONFLICT (tenant, medium, ceil_s) DO UPDATE SET count = count + 1, high = MAX(high, excluded.high);
-END;
-CREATE TRIGGER IF NOT EXISTS ledger_tally_unknown AFTER UPDATE OF unknown_since ON ledger_blocks
-WHEN NEW.removed_at IS NULL AND ((OLD.unknown_since IS NULL) != (NEW.unknown_since IS NULL)) BEGIN
-    UPDATE ledger_tally SET unknown = unknown + (CASE WHEN NEW.unknown_since IS NULL THEN -1 ELSE 1 END)
-    WHERE tenant = NEW.tenant AND medium = NEW.medium AND epoch = COALESCE(NEW.epoch, -1);
-END;
+DROP INDEX IF EXISTS ledger_blocks_closed;
+DROP TRIGGER IF EXISTS ledger_tally_open;
+DROP TRIGGER IF EXISTS ledger_tally_close;
+DROP TRIGGER IF EXISTS ledger_tally_unknown;
 """
 
 BACKFILL = """
@@ -71,6 +49,73 @@ INSERT INTO ledger_lifetimes SELECT tenant, medium, CAST(MAX(0, ceil(removed_at 
        MAX(removed_at - stored_at)
 FROM ledger_blocks WHERE removed_at IS NOT NULL GROUP BY 1, 2, 3;
 """
+
+
+TALLY_UPSERT = """
+INSERT INTO ledger_tally (tenant, medium, epoch, stored, removed, open, unknown, last_removed_at, max_lifetime)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, medium, epoch) DO UPDATE SET
+    stored = stored + excluded.stored, removed = removed + excluded.removed, open = open + excluded.open,
+    unknown = unknown + excluded.unknown,
+    last_removed_at = MAX(COALESCE(last_removed_at, excluded.last_removed_at),
+                          COALESCE(excluded.last_removed_at, last_removed_at)),
+    max_lifetime = MAX(COALESCE(max_lifetime, excluded.max_lifetime), COALESCE(excluded.max_lifetime, max_lifetime))
+"""
+CLOSES_UPSERT = ("INSERT INTO ledger_closes VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, medium, epoch, closed_by) "
+                 "DO UPDATE SET count = count + excluded.count")
+LIFETIME_UPSERT = ("INSERT INTO ledger_lifetimes VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, medium, ceil_s) "
+                   "DO UPDATE SET count = count + excluded.count, high = MAX(high, excluded.high)")
+Key = tuple[str, str, int]  # tenant, medium, epoch (-1: none)
+
+
+class TallyDelta:
+    """What one flush changed, written in its transaction."""
+
+    def __init__(self) -> None:
+        self.counts: dict[Key, list[Any]] = {}  # stored, removed, open, unknown, last_removed_at, max_lifetime
+        self.closes: dict[tuple[str, str, int, str], int] = {}
+        self.lifetimes: dict[tuple[str, str, int], list[float]] = {}  # count, high
+
+    def _row(self, tenant: str, medium: str, epoch: int | None) -> list[Any]:
+        key = (tenant, medium, NO_EPOCH if epoch is None else epoch)
+        row = self.counts.get(key)
+        if row is None:
+            row = self.counts[key] = [0, 0, 0, 0, None, None]
+        return row
+
+    def opened(self, tenant: str, medium: str, epoch: int | None) -> None:
+        row = self._row(tenant, medium, epoch)
+        row[0] += 1
+        row[2] += 1
+
+    def closed(self, tenant: str, medium: str, epoch: int | None, reason: str, stored_at: float, removed_at: float,
+               was_unknown: bool) -> None:
+        row = self._row(tenant, medium, epoch)
+        lifetime = removed_at - stored_at
+        row[1] += 1
+        row[2] -= 1
+        row[3] -= was_unknown
+        row[4] = removed_at if row[4] is None else max(row[4], removed_at)
+        row[5] = lifetime if row[5] is None else max(row[5], lifetime)
+        key = (tenant, medium, NO_EPOCH if epoch is None else epoch, reason)
+        self.closes[key] = self.closes.get(key, 0) + 1
+        bucket = (tenant, medium, max(0, math.ceil(lifetime)))
+        seen = self.lifetimes.get(bucket)
+        if seen is None:
+            self.lifetimes[bucket] = [1, lifetime]
+        else:
+            seen[0] += 1
+            seen[1] = max(seen[1], lifetime)
+
+    def unknown(self, tenant: str, medium: str, epoch: int | None, change: int) -> None:
+        self._row(tenant, medium, epoch)[3] += change
+
+    def write(self, db: sqlite3.Connection) -> None:
+        if self.counts:
+            db.executemany(TALLY_UPSERT, [(*key, *row) for key, row in self.counts.items()])
+        if self.closes:
+            db.executemany(CLOSES_UPSERT, [(*key, count) for key, count in self.closes.items()])
+        if self.lifetimes:
+            db.executemany(LIFETIME_UPSERT, [(*key, int(count), high) for key, (count, high) in self.lifetimes.items()])
 
 
 def install(db: sqlite3.Connection) -> None:

@@ -41,6 +41,10 @@ class NotFound(GatewayError):
     error_type = "not_found_error"
 
 
+class MethodNotAllowed(GatewayError):
+    status_code = 405
+
+
 class PayloadTooLarge(GatewayError):
     status_code = 413
 

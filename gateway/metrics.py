@@ -6,9 +6,9 @@ Label values for `tenant` come only from the loaded policy set (plus the ledger'
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Iterable
 
-from gateway.policy.loader import PolicySet
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # vLLM's own TTFT buckets, so gateway and engine histograms line up.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -33,12 +33,13 @@ class GatewayMetrics:
         self.policy_reloads = Counter(
             "kvgate_policy_reloads", "Policy directory loads by result.", ["result"], registry=registry)
 
-    def prime(self, policies: PolicySet) -> None:
+    def prime(self, tenants: Iterable[str], shadow_outcomes: Iterable[str]) -> None:
         """Create every tenant's event counters at 0, so the first violation or mismatch is a visible rise."""
-        for tenant in policies.tenants:
+        shadow_outcomes = tuple(shadow_outcomes)
+        for tenant in tenants:
             for kind in ("age", "medium"):
                 self.retention_violations.labels(tenant, kind)
-            for outcome in ("compared", "dropped", "error"):
+            for outcome in shadow_outcomes:
                 self.shadow_requests.labels(tenant, outcome)
             self.shadow_mismatches.labels(tenant)
 

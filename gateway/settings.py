@@ -28,4 +28,4 @@ class Settings(BaseSettings):
     reload_interval_s: float = Field(default=1.0, gt=0)
     shadow_timeout_s: float = Field(default=120.0, gt=0)
     shadow_flush_interval_s: float = Field(default=0.5, gt=0)  # shadow results are written in batches this often
-    otel_metrics: bool = False  # also expose the OpenTelemetry GenAI metrics (gateway/otel_metrics.py)
+    otel_metrics: bool = False  # also expose the OpenTelemetry GenAI metrics (gateway/proxy/otel_metrics.py)

@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from gateway.log import get_logger
+import structlog
 
-log = get_logger(__name__)
+log: structlog.typing.FilteringBoundLogger = structlog.get_logger(__name__)
 
 
 class TaskSupervisor:

@@ -22,6 +22,7 @@ from pathlib import Path
 import msgspec
 import redis
 
+from gateway.devtools.localproc import free_port
 from gateway.kvevents.wire import BatchDecoder
 from gateway.ledger.attribution import KnownHashes
 from gateway.ledger.base import LedgerStore
@@ -31,7 +32,6 @@ from gateway.ledger.redis_store import RedisStore
 from gateway.ledger.salts import SaltIndex, salt_digest
 from gateway.ledger.sqlite_store import SqliteStore
 from gateway.ledger.writer import BatchWriter
-from gateway.localproc import free_port
 from gateway.policy.loader import PolicySet, load_policy_set
 from gateway.tasks import TaskSupervisor
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gateway.localproc import ServerProcess, free_port, run_server
+from gateway.devtools.localproc import ServerProcess, free_port, run_server
 
 SEARCHED = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 

@@ -30,8 +30,8 @@ from typing import Any
 import uvloop
 import yaml
 
+from gateway.devtools.localproc import ServerProcess, free_port, kvgate_command, run_server
 from gateway.keys import hash_key, new_key
-from gateway.localproc import ServerProcess, free_port, kvgate_command, run_server
 from loadtests import loadgen, procstat, pyspy
 from loadtests.loadgen import Target
 from loadtests.nginx_baseline import nginx_binary, run_nginx

@@ -20,8 +20,8 @@ from pathlib import Path
 import aiohttp
 import uvloop
 
+from gateway.proxy.sse import StreamWatch
 from gateway.shadow.client import ShadowClient
-from gateway.sse import StreamWatch
 from loadtests import proxy_overhead as bench
 
 Reader = Callable[[], Awaitable[bytes]]

@@ -6,7 +6,8 @@ Every problem is reported with its file and field; nothing here prints key mater
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,9 +42,19 @@ class PolicySet:
     tenants: dict[str, TenantPolicy]
     keys: dict[str, KeyGrant]
     version: str
+    # Upstream credentials resolved once at load (`api_key_env`), per pool; None when loaded without an
+    # environment (tools that read policies but never forward).
+    pool_credentials: Mapping[str, str | None] | None = field(default=None, repr=False)
 
     def target_pool(self, tenant: TenantPolicy) -> str:
         return tenant.rollout.pool or self.gateway.default_pool
+
+    def pool_auth(self, pool_name: str) -> dict[str, str]:
+        """The Authorization header this pool's upstreams expect, if the pool names a key."""
+        if self.pool_credentials is None:
+            raise RuntimeError("this policy set was loaded without an environment; it cannot forward")
+        key = self.pool_credentials.get(pool_name)
+        return {} if key is None else {"authorization": f"Bearer {key}"}
 
 
 def policy_files(directory: Path) -> list[Path]:
@@ -63,18 +74,39 @@ def directory_version(directory: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def load_policy_set(directory: Path) -> PolicySet:
+def load_policy_set(directory: Path, environ: Mapping[str, str] | None = None) -> PolicySet:
+    """Load and validate a policy directory. With `environ` (the server's environment), every pool's
+    `api_key_env` is resolved now, and a pool whose key is not set makes the whole set invalid."""
     if not directory.is_dir():
         raise PolicyLoadError([f"{directory}: not a directory"])
     problems: list[str] = []
     gateway = _parse(directory / GATEWAY_FILE, GatewayConfig, problems)
     tenants = _load_tenants(directory, problems)
+    credentials = None
     if gateway is not None:
         problems.extend(_cross_check(gateway, tenants))
+        if environ is not None:
+            credentials = _resolve_credentials(directory, gateway, environ, problems)
     keys = _key_index(tenants, problems)
     if problems or gateway is None:
         raise PolicyLoadError(problems)
-    return PolicySet(gateway=gateway, tenants=tenants, keys=keys, version=directory_version(directory))
+    return PolicySet(gateway=gateway, tenants=tenants, keys=keys, version=directory_version(directory),
+                     pool_credentials=credentials)
+
+
+def missing_credentials(gateway: GatewayConfig, environ: Mapping[str, str]) -> list[str]:
+    """Pools whose `api_key_env` names a variable that is unset or empty in `environ`."""
+    return [name for name, pool in gateway.pools.items() if pool.api_key_env and not environ.get(pool.api_key_env)]
+
+
+def _resolve_credentials(
+    directory: Path, gateway: GatewayConfig, environ: Mapping[str, str], problems: list[str]
+) -> dict[str, str | None]:
+    for name in missing_credentials(gateway, environ):
+        variable = gateway.pools[name].api_key_env
+        problems.append(f"{directory / GATEWAY_FILE}: pools.{name}.api_key_env: ${variable} is not set or empty")
+    return {name: environ.get(pool.api_key_env) if pool.api_key_env else None
+            for name, pool in gateway.pools.items()}
 
 
 def _load_tenants(directory: Path, problems: list[str]) -> dict[str, TenantPolicy]:
@@ -131,9 +163,9 @@ def _describe(path: Path, error: ValidationError) -> list[str]:
 def _cross_check(gateway: GatewayConfig, tenants: dict[str, TenantPolicy]) -> list[str]:
     problems = []
     for name, tenant in tenants.items():
-        for field, pool in tenant.referenced_pools():
+        for where, pool in tenant.referenced_pools():
             if pool not in gateway.pools:
-                problems.append(f"tenants/{name}.yaml: {field}: pool {pool!r} is not defined in gateway.yaml")
+                problems.append(f"tenants/{name}.yaml: {where}: pool {pool!r} is not defined in gateway.yaml")
     return problems
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from gateway.log import get_logger
@@ -17,8 +17,10 @@ log = get_logger(__name__)
 class PolicyHolder:
     """The policy set in force. Readers take `current` once per request; swaps are atomic."""
 
-    def __init__(self, directory: Path, initial: PolicySet, metrics: GatewayMetrics) -> None:
+    def __init__(self, directory: Path, initial: PolicySet, metrics: GatewayMetrics,
+                 environ: Mapping[str, str] | None = None) -> None:
         self.directory = directory
+        self.environ = environ
         self.current = initial
         self.metrics = metrics
         self.listeners: list[Callable[[PolicySet], None]] = []
@@ -34,7 +36,7 @@ class PolicyHolder:
     def reload(self) -> bool:
         """Load the directory; True if a new set is now in force."""
         try:
-            candidate = load_policy_set(self.directory)
+            candidate = load_policy_set(self.directory, self.environ)
         except (PolicyLoadError, OSError) as error:
             self._reject(error)
             return False

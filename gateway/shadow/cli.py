@@ -14,6 +14,7 @@ from gateway.settings import Settings
 from gateway.shadow.stats import tenant_summary
 from gateway.shadow.store import open_shadow_store
 from gateway.shadow.table import shadow_table
+from gateway.storage import Storage
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,8 +40,9 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 async def _summaries(settings: Settings, tenants: list[str]) -> dict[str, Any]:
-    store = open_shadow_store(settings.redis_url, settings.state_path)
+    storage = await Storage.open(settings.redis_url, settings.state_path)
     try:
+        store = await open_shadow_store(storage)
         return {tenant: tenant_summary(await store.pairs(tenant), await store.counts(tenant)) for tenant in tenants}
     finally:
-        await store.close()
+        await storage.close()

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from gateway.sse import StreamWatch
+from gateway.proxy.sse import StreamWatch
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a shadow answer larger than this is abandoned, not buffered
 MAX_IDLE_PER_ORIGIN = 64

@@ -12,20 +12,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.balance import UpstreamHealth
-from gateway.errors import UpstreamUnavailable
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import TenantPolicy
-from gateway.rollout import draw_percent
+from gateway.proxy.balance import UpstreamHealth
+from gateway.proxy.rollout import draw_percent
+from gateway.proxy.sse import stream_usage, usage_from_json
 from gateway.shadow.client import ShadowAnswer, ShadowClient
 from gateway.shadow.compare import ArmResult, generated_text, pair_record
 from gateway.shadow.recorder import ShadowRecorder
 from gateway.shadow.stats import tenant_summary
-from gateway.sse import stream_usage, usage_from_json
 from gateway.tasks import TaskSupervisor
-from gateway.upstream import pool_auth
 
 log = get_logger(__name__)
 
@@ -93,11 +91,7 @@ class ShadowRunner:
         pool = policies.gateway.pools[shadow_pool]
         url = self.health.candidates(pool.upstreams, call.affinity)[0] + call.path
         headers = {name: value for name, value in call.headers.items() if name != "authorization"}
-        try:
-            headers |= pool_auth(shadow_pool, pool)
-        except UpstreamUnavailable:
-            self._count(tenant.tenant, "error")
-            return None
+        headers |= policies.pool_auth(shadow_pool)
         shadow_call = dataclasses.replace(call, shadow_pool=shadow_pool, url=url, headers=headers)
         slot = PrimarySlot()
         self._in_flight[tenant.tenant] = self._in_flight.get(tenant.tenant, 0) + 1

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import parse_qs
 
 import msgspec
+from starlette.types import Message as Message
+from starlette.types import Receive as Receive
+from starlette.types import Scope as Scope
+from starlette.types import Send as Send
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 Headers = Sequence[tuple[bytes, bytes]]
 
 JSON = "application/json"

@@ -66,7 +66,7 @@ run_all() {
   $SRV start offload; sleep 3; $SRV start control
   log "vLLM servers starting"
   cd "$KVG/src" || exit 25
-  gw -m loadtests.scenario "$SCENARIO" --write-policies "$KVG/policies" \
+  gw -m gateway.devtools.loadtest "$SCENARIO" --write-policies "$KVG/policies" \
     --upstream offload=http://127.0.0.1:8000 --upstream control=http://127.0.0.1:8001 \
     --kv-events offload=tcp://127.0.0.1:5557 --kv-events control=tcp://127.0.0.1:5559 || exit 26
   KVGATE_SALT_SECRET=$(gw -c "import secrets; print(secrets.token_hex(32))") KVGATE_STATE_PATH=$KVG/ledger.sqlite3 \
@@ -80,7 +80,7 @@ run_all() {
     grep -hE "GPU KV cache size|OffloadingConnector|CPUOffloadingSpec|FlashAttention version|Allocating" \
       "$KVG/logs/offload.log" | head -12
     (timeout "${SCENARIO_T:-420}" env PYTHONPATH="$KVG/gw-site:$KVG/src" PYTHONUNBUFFERED=1 \
-      "$PY" -m loadtests.scenario "$SCENARIO" --out "$KVG/report" --plain \
+      "$PY" -m gateway.devtools.loadtest "$SCENARIO" --out "$KVG/report" --plain \
       --gateway http://127.0.0.1:8080 --access "$KVG/policies/keys.json" \
       --upstream offload=http://127.0.0.1:8000 --upstream control=http://127.0.0.1:8001 \
       --pid-file offload="$KVG/offload.pid" --pid-file control="$KVG/control.pid" \

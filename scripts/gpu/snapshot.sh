@@ -5,7 +5,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 STAGE=${STAGE:-$ROOT/.stage}
-OVERLAY=(gateway/loadtest_cli.py loadtests/scenario loadtests/scenarios scripts/gpu)
+OVERLAY=(gateway/cli/loadtest.py loadtests/scenario loadtests/scenarios scripts/gpu)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 git -C "$ROOT" archive HEAD | tar -x -C "$TMP"

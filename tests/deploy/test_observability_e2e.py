@@ -24,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from gateway.demo.workload import users_for
+from gateway.devtools.demo.workload import users_for
 from tests.deploy.checks import concrete, dashboard_exprs
 from tests.deploy.tools import DEPLOY, output, run, system_tool
 from tests.harness import PolicyDir, bearer, new_secret, run_gateway

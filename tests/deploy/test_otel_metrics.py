@@ -1,4 +1,4 @@
-"""The opt-in OpenTelemetry GenAI metrics (gateway/otel_metrics.py): the conventions' names (OTel→Prometheus
+"""The opt-in OpenTelemetry GenAI metrics (gateway/proxy/otel_metrics.py): the conventions' names (OTel→Prometheus
 translated), buckets and attributes, cardinality guard on the client-supplied model, and an exposition that
 `promtool check metrics` accepts."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.otel_metrics import (
+from gateway.proxy.otel_metrics import (
     OTHER,
     REQUEST_DURATION_BUCKETS,
     TIME_PER_OUTPUT_TOKEN_BUCKETS,
@@ -17,14 +17,14 @@ from gateway.otel_metrics import (
     TTFT_BUCKETS,
     OtelGenAIMetrics,
 )
+from gateway.proxy.sse import Usage
 from gateway.settings import Settings
-from gateway.sse import Usage
 from tests.deploy.tools import output, run, system_tool
 
 
 @dataclass
 class Finished:
-    """The fields of gateway.record.Exchange that OtelGenAIMetrics.record reads."""
+    """The fields of gateway.proxy.record.Exchange that OtelGenAIMetrics.record reads."""
 
     route: str = "/v1/chat/completions"
     status: int = 200

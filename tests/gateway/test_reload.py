@@ -4,6 +4,7 @@ and a dead upstream gives a clear error while the gateway stays healthy."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, standard_policy
 from tests.harness import PolicyDir, bearer, expected_salt, new_secret, run_gateway
-from tests.procs import ServerProcess, free_port
+from tests.procs import ServerProcess, free_port, kvgate_command
 
 RELOAD_DEADLINE_S = 20.0
 
@@ -122,3 +123,25 @@ def test_upstream_down_is_502_and_gateway_stays_healthy(tmp_path: Path) -> None:
             assert reply.status_code == 502
             assert reply.json()["error"]["type"] == "upstream_error"
         assert httpx.get(f"{gateway.url}/livez").status_code == 200
+
+
+def test_a_pool_key_missing_from_the_environment_refuses_start(sim: ServerProcess, tmp_path: Path) -> None:
+    policy = standard_policy(tmp_path / "policies", sim.url)
+    policy.write()
+    env = {"KVGATE_SALT_SECRET": new_secret(), "KVGATE_STATE_PATH": str(tmp_path / "s.sqlite3"), "PATH": "/usr/bin"}
+    started = subprocess.run([*kvgate_command("serve", "--policies", str(policy.root), "--port", str(free_port()))],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert started.returncode == 1
+    assert f"pools.offload.api_key_env: ${UPSTREAM_KEY_ENV} is not set or empty" in started.stderr
+
+
+def test_a_reload_adding_a_pool_whose_key_is_missing_is_rejected(
+    reloadable: tuple[ServerProcess, PolicyDir, str],
+) -> None:
+    gateway, policy, _ = reloadable
+    good = policy_version(gateway, policy)
+    policy.gateway["pools"]["spare"] = {"upstreams": ["http://127.0.0.1:9"], "api_key_env": "SPARE_POOL_KEY_UNSET"}
+    policy.write()
+    wait_for_log(gateway, "policy_reload_rejected")
+    assert policy_version(gateway, policy) == good
+    assert "pools.spare.api_key_env: $SPARE_POOL_KEY_UNSET is not set or empty" in gateway.log_text()

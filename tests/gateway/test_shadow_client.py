@@ -12,10 +12,10 @@ import httpx
 import pytest
 import trustme
 
-from gateway.localproc import ServerProcess
+from gateway.devtools.localproc import ServerProcess
+from gateway.proxy.sse import stream_usage
 from gateway.shadow.client import ShadowClient, ShadowTransportError
 from gateway.shadow.compare import generated_text
-from gateway.sse import stream_usage
 from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY
 
 JSON = {"content-type": "application/json"}

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from gateway.shadow.compare import PairRecord
 from gateway.shadow.recorder import ShadowRecorder
-from gateway.shadow.store import KEEP_PAIRS, RedisShadowStore, ShadowStore, SqliteShadowStore
+from gateway.shadow.store import KEEP_PAIRS, ShadowStore, open_shadow_store
+from gateway.storage import Storage
 from tests.ledger.redis_proc import RedisProcess
 
 
@@ -28,48 +29,67 @@ def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
     server.stop()
 
 
+StoreFactory = Callable[[], Awaitable[tuple[ShadowStore, Storage]]]
+
+
+def sqlite_store(tmp_path: Path) -> StoreFactory:
+    async def open_store() -> tuple[ShadowStore, Storage]:
+        storage = await Storage.open(None, tmp_path / "state.sqlite3")
+        return await open_shadow_store(storage), storage
+
+    return open_store
+
+
+def redis_store(url: str) -> StoreFactory:
+    async def open_store() -> tuple[ShadowStore, Storage]:
+        storage = await Storage.open(url, Path("unused"))
+        return await open_shadow_store(storage), storage
+
+    return open_store
+
+
 @pytest.fixture(params=["sqlite", "redis"])
-def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], ShadowStore]:
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
     if request.param == "sqlite":
-        return lambda: SqliteShadowStore(tmp_path / "state.sqlite3")
+        return sqlite_store(tmp_path)
     server: RedisProcess = request.getfixturevalue("redis_server")
-    return lambda: RedisShadowStore(server.url)
+    return redis_store(server.url)
 
 
-def test_one_write_adds_pairs_and_counts(store_factory: Callable[[], ShadowStore]) -> None:
+def test_one_write_adds_pairs_and_counts(store_factory: StoreFactory) -> None:
     async def run() -> None:
-        store: ShadowStore = store_factory()
+        store, storage = await store_factory()
         await store.write([pair("a", 0), pair("a", 1), pair("b", 2)], {("a", "compared"): 2, ("a", "dropped"): 3})
         await store.write([pair("a", 3)], {("a", "compared"): 1, ("b", "error"): 1})
         assert [p.request_id for p in await store.pairs("a")] == ["r3", "r1", "r0"]  # newest first
         assert await store.pairs("b") == [pair("b", 2)]
         assert await store.counts("a") == {"compared": 3, "dropped": 3}
         assert await store.counts("b") == {"error": 1}
-        await store.close()
+        await storage.close()
 
     asyncio.run(run())
 
 
-def test_only_the_latest_pairs_are_kept_per_tenant(store_factory: Callable[[], ShadowStore]) -> None:
+def test_only_the_latest_pairs_are_kept_per_tenant(store_factory: StoreFactory) -> None:
     async def run() -> None:
-        store: ShadowStore = store_factory()
+        store, storage = await store_factory()
         await store.write([pair("a", index) for index in range(KEEP_PAIRS)], {})
         await store.write([pair("a", KEEP_PAIRS + index) for index in range(3)] + [pair("b", 0)], {})
         kept = await store.pairs("a")
         assert len(kept) == KEEP_PAIRS
         assert (kept[0].request_id, kept[-1].request_id) == (f"r{KEEP_PAIRS + 2}", "r3")
         assert len(await store.pairs("b")) == 1
-        await store.close()
+        await storage.close()
 
     asyncio.run(run())
 
 
 def test_sqlite_file_does_not_grow_past_the_kept_pairs(tmp_path: Path) -> None:
     async def run() -> None:
-        store = SqliteShadowStore(tmp_path / "state.sqlite3")
+        store, storage = await sqlite_store(tmp_path)()
         for batch in range(3):
             await store.write([pair("a", batch * KEEP_PAIRS + index) for index in range(KEEP_PAIRS)], {})
-        await store.close()
+        await storage.close()
 
     asyncio.run(run())
     with sqlite3.connect(tmp_path / "state.sqlite3") as db:
@@ -80,7 +100,8 @@ def test_recorder_keeps_results_while_redis_is_down_and_writes_them_when_it_retu
     server = RedisProcess(tmp_path / "redis").start()
 
     async def run() -> None:
-        recorder = ShadowRecorder(RedisShadowStore(server.url), flush_interval_s=3600)
+        store, storage = await redis_store(server.url)()
+        recorder = ShadowRecorder(store, flush_interval_s=3600)
         recorder.add_pair(pair("a", 0))
         assert await recorder.flush()
         server.kill()
@@ -92,7 +113,7 @@ def test_recorder_keeps_results_while_redis_is_down_and_writes_them_when_it_retu
         assert await recorder.flush()
         assert [p.request_id for p in await recorder.store.pairs("a")] == ["r2", "r1"]
         assert await recorder.store.counts("a") == {"compared": 2, "dropped": 1}
-        await recorder.store.close()
+        await storage.close()
 
     try:
         asyncio.run(run())
@@ -102,7 +123,8 @@ def test_recorder_keeps_results_while_redis_is_down_and_writes_them_when_it_retu
 
 def test_recorder_writer_loop_writes_without_being_asked(tmp_path: Path) -> None:
     async def run() -> None:
-        recorder = ShadowRecorder(SqliteShadowStore(tmp_path / "state.sqlite3"), flush_interval_s=0.01)
+        store, storage = await sqlite_store(tmp_path)()
+        recorder = ShadowRecorder(store, flush_interval_s=0.01)
         async with asyncio.TaskGroup() as group:
             writer = group.create_task(recorder.run())
             recorder.add_pair(pair("a", 0))
@@ -110,6 +132,6 @@ def test_recorder_writer_loop_writes_without_being_asked(tmp_path: Path) -> None
                 await asyncio.sleep(0.01)  # polling the store until the writer's batch lands
             writer.cancel()
         assert await recorder.store.counts("a") == {"compared": 1}
-        await recorder.store.close()
+        await storage.close()
 
     asyncio.run(run())

@@ -31,7 +31,7 @@ offload:
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway.audit_cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gateway.cli.audit", *args], capture_output=True, text=True,
                           cwd=REPO_ROOT, env={**os.environ, **(env or {})}, timeout=60, check=False)
 
 

@@ -1,4 +1,4 @@
-"""The offload A/B protocol end to end on the simulator: `python -m loadtests.scenario` starts a simulated
+"""The offload A/B protocol end to end on the simulator: `python -m gateway.devtools.loadtest` starts a simulated
 offload server (CPU tier), a simulated control server and the gateway on loopback, runs cold, repeat,
 pressure, return and restart through the gateway for two tenants, and writes the report into tmp_path.
 
@@ -37,7 +37,7 @@ PLOTS = ("ttft_by_phase.png", "delta_ttft_by_tenant.png", "offload_bytes_by_phas
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("loadtest") / "report"
     completed = subprocess.run(
-        [sys.executable, "-m", "loadtests.scenario", str(SCENARIO), "--out", str(out), "--plain"],
+        [sys.executable, "-m", "gateway.devtools.loadtest", str(SCENARIO), "--out", str(out), "--plain"],
         cwd=REPO, capture_output=True, text=True, timeout=150, check=False)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert "rep 1 return" in completed.stderr, "progress lines are printed while it runs"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadtests.scenario.model import Scenario, TenantSpec
-from loadtests.scenario.promtext import accumulating_samples, delta, info_labels, pick
-from loadtests.scenario.stats import median_ci, median_difference_ci, quantile
+from gateway.devtools.loadtest.model import Scenario, TenantSpec
+from gateway.devtools.loadtest.promtext import accumulating_samples, delta, info_labels, pick
+from gateway.devtools.loadtest.stats import median_ci, median_difference_ci, quantile
 
 METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.25.0" / "metrics"
 LOAD = "vllm:kv_offload_load_bytes_total"

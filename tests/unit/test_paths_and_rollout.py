@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.auth import check_path
 from gateway.errors import BadRequest
+from gateway.http.auth import check_path
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import GatewayConfig, TenantPolicy
-from gateway.rollout import choose_pool, draw_percent
+from gateway.proxy.rollout import choose_pool, draw_percent
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.errors import BadRequest
 from gateway.policy.model import TenantPolicy
-from gateway.rewrite import rewrite_request
+from gateway.proxy.rewrite import rewrite_request
 from gateway.routes import ROUTES
 from gateway.salts import derive_salt
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sse import StreamWatch, Usage, stream_usage
+from gateway.proxy.sse import StreamWatch, Usage, stream_usage
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.25.0" / "http"
 

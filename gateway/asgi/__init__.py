@@ -1,0 +1,1 @@
+"""ASGI plumbing shared by the HTTP layer and the relay: message helpers, body reading, disconnect watching."""

@@ -1,0 +1,61 @@
+"""Small raw-ASGI helpers: read a bounded body, send a whole response, wait for a disconnect."""
+
+from __future__ import annotations
+
+from starlette.types import Message as Message
+from starlette.types import Receive as Receive
+from starlette.types import Scope as Scope
+from starlette.types import Send as Send
+
+from gateway.errors import GatewayError, PayloadTooLarge, error_bytes
+
+JSON_TYPE = b"application/json"
+
+
+class ClientDisconnected(Exception):
+    """The client went away before the request body was complete."""
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    declared = header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"The request body exceeds {limit} bytes.")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"The request body exceeds {limit} bytes.")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def start_message(status: int, headers: list[tuple[bytes, bytes]]) -> Message:
+    return {"type": "http.response.start", "status": status, "headers": headers}
+
+
+async def send_body(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    full = [*headers, (b"content-length", str(len(body)).encode())]
+    await send(start_message(status, full))
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, error: GatewayError, headers: list[tuple[bytes, bytes]]) -> None:
+    await send_body(send, error.status_code, error_bytes(error), [(b"content-type", JSON_TYPE), *headers])

@@ -1,0 +1,1 @@
+"""devtools layer."""

@@ -1,0 +1,87 @@
+"""Features that hook into a forwarded request, in one explicit, ordered list built by the composition root.
+
+A request passes three points, and each feature may act at any of them:
+
+1. `start` — after the body is rewritten and the pool chosen, before the body is encoded: a feature may edit the
+   parsed request (offload admission, connector tags) or note what it needs (the ledger's per-user salts, the
+   reuse trace's fingerprints). It may return a `Finish` to be called with the finished exchange.
+2. `sent` — with the encoded outbound request, just before the primary is sent (shadow mirroring).
+3. `finished` — for every request the gateway answered, refused ones included (GenAI metrics).
+
+Features never raise into the request path for their own failures: a feature that can fail catches, counts and
+logs its own errors. Adding a feature is one entry in `gateway.http.app.GatewayApp._features`, not an edit here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.policy.loader import PolicySet
+from gateway.policy.model import PoolConfig, TenantPolicy
+from gateway.proxy.record import Exchange
+from gateway.proxy.rewrite import RewrittenRequest
+from gateway.routes import RouteSpec
+
+Finish = Callable[[Exchange], None]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One forwarded request's context: who, which route, which pool, and the rewritten request."""
+
+    request_id: str
+    policies: PolicySet
+    tenant: TenantPolicy
+    route: RouteSpec
+    pool_name: str
+    pool: PoolConfig
+    prepared: RewrittenRequest | None  # None for routes forwarded unchanged
+
+    @property
+    def user(self) -> str | None:
+        return self.prepared.user if self.prepared is not None else None
+
+
+@dataclass(frozen=True)
+class Outbound:
+    """One prepared upstream request."""
+
+    method: str
+    candidates: list[str]  # upstreams of the pool, best first
+    target: str  # path and query
+    headers: dict[str, str]
+    body: bytes | None
+
+
+class RequestFeature:
+    """Base class: every hook does nothing unless a feature overrides it."""
+
+    name = "feature"
+
+    def start(self, call: Call, request: dict[str, Any]) -> Finish | None:
+        return None
+
+    def sent(self, call: Call, outbound: Outbound, ex: Exchange) -> Finish | None:
+        return None
+
+    def finished(self, ex: Exchange) -> None:
+        return None
+
+
+class Features:
+    """The ordered feature list, and the calls that run it."""
+
+    def __init__(self, features: list[RequestFeature]) -> None:
+        self.all = tuple(features)
+
+    def start(self, call: Call, request: dict[str, Any]) -> list[Finish]:
+        return [finish for feature in self.all if (finish := feature.start(call, request)) is not None]
+
+    def sent(self, call: Call, outbound: Outbound, ex: Exchange) -> list[Finish]:
+        return [finish for feature in self.all if (finish := feature.sent(call, outbound, ex)) is not None]
+
+    def finished(self, ex: Exchange) -> None:
+        for feature in self.all:
+            feature.finished(ex)

@@ -1,0 +1,197 @@
+"""The request path for forwarded routes: body → rewrite → pool → upstream → relay to the client.
+
+Streams are relayed chunk by chunk as they arrive; the only per-chunk work is a byte scan for the
+first generated content (TTFT) and for the usage event. A client that goes away cancels the relay,
+which closes the upstream connection, so upstream stops generating.
+"""
+
+from __future__ import annotations
+
+import time
+
+import aiohttp
+import msgspec
+
+from gateway.asgi.disconnect import DisconnectGuard
+from gateway.asgi.io import (
+    JSON_TYPE,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    send_body,
+    start_message,
+)
+from gateway.errors import UnsupportedMediaType, openai_error_body
+from gateway.outcomes import Outcome
+from gateway.policy.loader import PolicySet
+from gateway.policy.model import TenantPolicy
+from gateway.proxy.assemble import StreamAssembler
+from gateway.proxy.balance import UpstreamHealth
+from gateway.proxy.features import Call, Features, Finish, Outbound
+from gateway.proxy.record import Exchange
+from gateway.proxy.rewrite import RewrittenRequest, parse_json_object, rewrite_request
+from gateway.proxy.rollout import choose_pool
+from gateway.proxy.sse import StreamWatch, usage_from_json
+from gateway.proxy.upstream import open_first_reachable, upstream_errors, upstream_headers
+from gateway.routes import Kind, RouteSpec, StreamStyle
+
+STREAM_FAILURES = (aiohttp.ClientError, TimeoutError)
+
+
+class Proxy:
+    def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, health: UpstreamHealth,
+                 features: Features) -> None:
+        self.session = session
+        self.salt_secret = salt_secret
+        self.health = health
+        self.features = features
+
+    async def forward(
+        self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
+        scope: Scope, receive: Receive, send: Send,
+    ) -> None:
+        finishes: list[Finish] = []
+        try:
+            call, outbound = await self._outbound(ex, policies, tenant, route, scope, receive, finishes)
+            finishes += self.features.sent(call, outbound, ex)
+            async with DisconnectGuard(receive) as guard:
+                await self._relay(ex, call, outbound, send)
+            if guard.disconnected:
+                ex.outcome = Outcome.CLIENT_DISCONNECTED
+                ex.status = ex.status or 499
+        finally:
+            for finish in finishes:
+                finish(ex)
+
+    async def _outbound(
+        self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
+        scope: Scope, receive: Receive, finishes: list[Finish],
+    ) -> tuple[Call, Outbound]:
+        body = await self._body(scope, receive, route, policies)
+        prepared = self._prepare(body, route, tenant, scope)
+        ex.model = prepared.model if prepared is not None else None
+        ex.pool = choose_pool(policies, tenant, prepared.user if prepared else None, ex.request_id)
+        pool = policies.gateway.pools[ex.pool]
+        call = Call(ex.request_id, policies, tenant, route, ex.pool, pool, prepared)
+        if prepared is not None:
+            finishes += self.features.start(call, prepared.request)
+        candidates = self.health.candidates(pool.upstreams, prepared.affinity if prepared else tenant.tenant)
+        query = scope.get("query_string", b"")
+        target = route.path + (f"?{query.decode('latin-1')}" if query else "")
+        headers = upstream_headers(scope["headers"], policies.pool_auth(ex.pool), ex.request_id)
+        sent_body = (prepared.body if prepared is not None else body) if scope["method"] == "POST" else None
+        return call, Outbound(scope["method"], candidates, target, headers, sent_body)
+
+    async def _body(self, scope: Scope, receive: Receive, route: RouteSpec, policies: PolicySet) -> bytes:
+        if scope["method"] != "POST":
+            return b""
+        content_type = (header(scope, b"content-type") or b"").split(b";")[0].strip().lower()
+        if content_type != JSON_TYPE:
+            raise UnsupportedMediaType("The request body must be JSON (Content-Type: application/json).")
+        return await read_body(scope, receive, policies.gateway.max_body_bytes)
+
+    def _prepare(self, body: bytes, route: RouteSpec, tenant: TenantPolicy, scope: Scope) -> RewrittenRequest | None:
+        if route.kind is Kind.FORWARD:
+            if scope["method"] == "POST":
+                parse_json_object(body)
+            return None
+        user_header = tenant.rollout.user_header
+        header_user = header(scope, user_header.lower().encode()) if user_header else None
+        user = header_user.decode("latin-1") if header_user else None
+        return rewrite_request(body, route, tenant, self.salt_secret, user)
+
+    async def _relay(self, ex: Exchange, call: Call, outbound: Outbound, send: Send) -> None:
+        ex.sent_at = time.perf_counter()
+        ex.overhead_s = ex.sent_at - ex.started
+        with upstream_errors(ex.pool):
+            ex.upstream, response = await open_first_reachable(
+                self.session, self.health, outbound.candidates, outbound.method, outbound.target, outbound.headers,
+                outbound.body)
+        try:
+            await self._relay_response(ex, call, response, send)
+        except BaseException:
+            response.close()
+            raise
+        response.release()
+
+    async def _relay_response(
+        self, ex: Exchange, call: Call, response: aiohttp.ClientResponse, send: Send
+    ) -> None:
+        ex.status = response.status
+        route, prepared = call.route, call.prepared
+        if response.status != 200 or prepared is None or not prepared.upstream_stream:
+            await self._relay_whole(ex, route, response, send)
+        elif prepared.assemble:
+            await self._relay_assembled(ex, route, response, send)
+        else:
+            await self._relay_stream(ex, route, prepared, response, send)
+
+    def _headers(self, ex: Exchange, response: aiohttp.ClientResponse, received: float) -> list[tuple[bytes, bytes]]:
+        ex.overhead_s += time.perf_counter() - received
+        content_type = response.headers.get("content-type", "application/json")
+        return [
+            (b"content-type", content_type.encode("latin-1")),
+            (b"x-request-id", ex.request_id.encode()),
+            (b"x-kvgate-pool", ex.pool.encode()),
+            (b"x-kvgate-overhead-ms", f"{ex.overhead_s * 1000:.3f}".encode()),
+        ]
+
+    async def _relay_whole(self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send) -> None:
+        with upstream_errors(ex.pool):
+            body = await response.read()
+        received = time.perf_counter()
+        if ex.capture is not None:
+            ex.capture += body
+        if response.status == 200 and route.kind is Kind.GENERATE:
+            ex.usage = usage_from_json(body)
+        await send_body(send, response.status, body, self._headers(ex, response, received))
+
+    async def _relay_stream(
+        self, ex: Exchange, route: RouteSpec, prepared: RewrittenRequest, response: aiohttp.ClientResponse,
+        send: Send,
+    ) -> None:
+        await send(start_message(200, self._headers(ex, response, time.perf_counter())))
+        watch = StreamWatch(prepared.strip_usage)
+        try:
+            async for chunk in response.content.iter_any():
+                forward, first = watch.feed(chunk)
+                if first:
+                    ex.ttft_s = time.perf_counter() - ex.started
+                if forward:
+                    await send({"type": "http.response.body", "body": forward, "more_body": True})
+                if ex.capture is not None:
+                    ex.capture += chunk
+            tail = watch.flush()
+        except STREAM_FAILURES as error:
+            ex.outcome = Outcome.UPSTREAM_FAILED_MID_STREAM
+            tail = stream_error_event(route, f"Upstream stream failed: {type(error).__name__}.")
+        ex.usage = watch.usage
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _relay_assembled(
+        self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send
+    ) -> None:
+        watch = StreamWatch(strip_usage=False)
+        assembler = StreamAssembler(chat=route.chat)
+        with upstream_errors(ex.pool):
+            async for chunk in response.content.iter_any():
+                if watch.feed(chunk)[1]:
+                    ex.ttft_s = time.perf_counter() - ex.started
+                assembler.feed(chunk)
+                if ex.capture is not None:
+                    ex.capture += chunk
+        received = time.perf_counter()
+        ex.usage = watch.usage
+        status, body = assembler.result()
+        ex.status = status
+        headers = [(b"content-type", JSON_TYPE), *self._headers(ex, response, received)[1:]]
+        await send_body(send, status, msgspec.json.encode(body), headers)
+
+
+def stream_error_event(route: RouteSpec, message: str) -> bytes:
+    error = msgspec.json.encode(openai_error_body(message, "upstream_error", None, 502))
+    if route.stream is StreamStyle.RESPONSES:
+        return b"event: error\ndata: " + error + b"\n\n"
+    return b"data: " + error + b"\n\ndata: [DONE]\n\n"

@@ -1,0 +1,163 @@
+"""Request body rewriting (contract §3): salt, KV-transfer caps, stream options.
+
+Only the fields named here change; every other field of the client's JSON is forwarded as sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from gateway.errors import BadRequest
+from gateway.policy.model import OffloadPolicy, TenantPolicy
+from gateway.routes import Kind, RouteSpec, StreamStyle
+from gateway.salts import derive_salt
+
+CAP_KEYS = ("max_load_tokens", "max_offload_tokens")
+
+
+@dataclass(frozen=True)
+class RewrittenRequest:
+    request: dict[str, Any]  # the rewritten body, open to features (gateway.proxy.features) until encoded
+    upstream_stream: bool
+    client_stream: bool
+    strip_usage: bool  # the gateway asked for usage the client did not want
+    assemble: bool  # `measure_ttft`: stream upstream, answer the client in one body
+    model: str | None
+    user: str | None
+    deterministic: bool
+    affinity: str  # salt and the start of the prompt: requests sharing both can share cached blocks
+
+    @property
+    def body(self) -> bytes:
+        """The request as JSON; the proxy encodes once, after every feature has had its turn."""
+        return msgspec.json.encode(self.request)
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    try:
+        parsed = msgspec.json.decode(body)
+    except msgspec.DecodeError as error:
+        raise BadRequest(f"The request body is not valid JSON: {error}") from None
+    if not isinstance(parsed, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    return parsed
+
+
+def rewrite_request(
+    body: bytes, route: RouteSpec, tenant: TenantPolicy, secret: bytes, header_user: str | None
+) -> RewrittenRequest:
+    request = parse_json_object(body)
+    kind = route.kind
+    user = header_user if header_user is not None else _body_user(request)
+    _apply_salt(request, tenant, secret, user)
+    if kind is Kind.GENERATE:
+        _apply_caps(request, tenant.offload)
+    elif "kv_transfer_params" in request:
+        raise BadRequest("kv_transfer_params is only accepted on generation routes.", param="kv_transfer_params")
+    client_stream = request.get("stream") is True
+    # Responses-API streams always end with usage, and vLLM has no stream_options there.
+    chunked_api = kind is Kind.GENERATE and route.stream is StreamStyle.CHUNKS
+    assemble = chunked_api and tenant.measure_ttft and not client_stream
+    strip_usage = chunked_api and (client_stream or assemble) and _request_usage(request)
+    return RewrittenRequest(
+        request=request,
+        upstream_stream=client_stream or assemble,
+        client_stream=client_stream,
+        strip_usage=strip_usage,
+        assemble=assemble,
+        model=request.get("model") if isinstance(request.get("model"), str) else None,
+        user=user,
+        deterministic=_deterministic(request),
+        affinity=f"{request.get('cache_salt', tenant.tenant)}:{prompt_prefix(request)}",
+    )
+
+
+AFFINITY_CHARS = 256
+
+
+def prompt_prefix(request: dict[str, Any]) -> str:
+    """The first characters of the prompt, whichever API field carries it."""
+    for field in ("prompt", "messages", "input"):
+        if field in request:
+            return _text_of(request[field])[:AFFINITY_CHARS]
+    return ""
+
+
+def _text_of(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_text_of(item) for item in value[:8])
+    if isinstance(value, dict):
+        return _text_of(value.get("content", ""))
+    return str(value)
+
+
+def _body_user(request: dict[str, Any]) -> str | None:
+    user = request.get("user")
+    return user if isinstance(user, str) and user else None
+
+
+def _apply_salt(request: dict[str, Any], tenant: TenantPolicy, secret: bytes, user: str | None) -> None:
+    if "cache_salt" in request and tenant.cache.client_salt == "reject":
+        raise BadRequest("cache_salt is set by the gateway; this tenant may not send one.", param="cache_salt")
+    request.pop("cache_salt", None)
+    isolation = tenant.cache.isolation
+    if isolation == "none":
+        return
+    if isolation == "user" and user is None:
+        raise BadRequest("This tenant's cache is isolated per user: send the `user` field.", param="user")
+    per_user = user if isolation == "user" else None
+    request["cache_salt"] = derive_salt(secret, tenant.tenant, tenant.cache.salt_epoch, per_user)
+
+
+def _apply_caps(request: dict[str, Any], offload: OffloadPolicy) -> None:
+    params = _client_transfer_params(request.get("kv_transfer_params"))
+    for key in CAP_KEYS:
+        capped = _capped(params.get(key), getattr(offload, key))
+        params.pop(key, None)
+        if capped is not None:
+            params[key] = capped
+    if params:
+        request["kv_transfer_params"] = params
+    else:
+        request.pop("kv_transfer_params", None)
+
+
+def _client_transfer_params(value: object) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest("kv_transfer_params must be an object.", param="kv_transfer_params")
+    for key, cap in value.items():
+        if key not in CAP_KEYS:
+            raise BadRequest(f"kv_transfer_params.{key} is not allowed.", param=f"kv_transfer_params.{key}")
+        if cap is not None and (type(cap) is not int or cap < 0):
+            raise BadRequest(f"kv_transfer_params.{key} must be a non-negative integer.", param=key)
+    return dict(value)
+
+
+def _capped(client: int | None, cap: int | None) -> int | None:
+    if client is None:
+        return cap
+    return client if cap is None else min(client, cap)
+
+
+def _request_usage(request: dict[str, Any]) -> bool:
+    """Make sure upstream reports usage; True when the client did not ask for it itself."""
+    options = request.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return False
+    merged = dict(options) if isinstance(options, dict) else {}
+    merged["include_usage"] = True
+    request["stream_options"] = merged
+    request["stream"] = True
+    return True
+
+
+def _deterministic(request: dict[str, Any]) -> bool:
+    temperature = request.get("temperature")
+    return temperature == 0 or isinstance(request.get("seed"), int)

@@ -1,0 +1,32 @@
+"""The shadow store's interface: settled pairs (the latest KEEP_PAIRS per tenant) and outcome counters."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import msgspec
+
+from gateway.shadow.compare import PairRecord
+
+KEEP_PAIRS = 5000  # per tenant: enough for stable quantiles, bounded in size
+OutcomeCounts = dict[tuple[str, str], int]  # (tenant, outcome) → how many more
+
+
+class ShadowStore(Protocol):
+    async def write(self, pairs: list[PairRecord], counts: OutcomeCounts) -> None:
+        """Append pairs and add to outcome counters, all in one atomic write."""
+
+    async def pairs(self, tenant: str) -> list[PairRecord]: ...
+
+    async def counts(self, tenant: str) -> dict[str, int]: ...
+
+    async def close(self) -> None: ...
+
+
+def encode_pair(pair: PairRecord) -> bytes:
+    return msgspec.json.encode(dataclasses.asdict(pair))
+
+
+def decode_pair(raw: bytes | str) -> PairRecord:
+    return PairRecord(**msgspec.json.decode(raw))

@@ -1,0 +1,42 @@
+"""Shadow pairs and counters in Redis, shared by every replica, on the process's one Redis pool."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import cast
+
+import redis.asyncio as aioredis
+
+from gateway.shadow.compare import PairRecord
+from gateway.shadow.store.base import KEEP_PAIRS, OutcomeCounts, decode_pair, encode_pair
+
+REDIS_PREFIX = "kvgate:shadow"
+
+
+class RedisShadowStore:
+    """A capped list of pairs and a hash of counters per tenant."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._redis = client
+
+    async def write(self, pairs: list[PairRecord], counts: OutcomeCounts) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for tenant in {pair.tenant for pair in pairs}:
+                key = f"{REDIS_PREFIX}:pairs:{tenant}"
+                pipe.lpush(key, *[encode_pair(pair) for pair in pairs if pair.tenant == tenant])
+                pipe.ltrim(key, 0, KEEP_PAIRS - 1)
+            for (tenant, outcome), n in counts.items():
+                pipe.hincrby(f"{REDIS_PREFIX}:counts:{tenant}", outcome, n)
+            await pipe.execute()
+
+    async def pairs(self, tenant: str) -> list[PairRecord]:
+        pending = self._redis.lrange(f"{REDIS_PREFIX}:pairs:{tenant}", 0, KEEP_PAIRS - 1)
+        raw = await cast(Awaitable[list[bytes]], pending)
+        return [decode_pair(item) for item in raw]
+
+    async def counts(self, tenant: str) -> dict[str, int]:
+        raw = await cast(Awaitable[dict[bytes, bytes]], self._redis.hgetall(f"{REDIS_PREFIX}:counts:{tenant}"))
+        return {key.decode(): int(value) for key, value in raw.items()}
+
+    async def close(self) -> None:
+        return None  # the client belongs to the process's Storage

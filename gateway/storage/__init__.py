@@ -1,0 +1,56 @@
+"""Where the gateway keeps shared state, chosen once per process: one SQLite file (one connection on one thread,
+shared by every store) or one Redis client pool (shared by every store) when `KVGATE_REDIS_URL` is set.
+
+Stores (the ledger, shadow pairs, and the features that keep state) are built on a `Storage`, never on a URL or a
+path of their own, so one process opens one SQLite connection or one Redis pool, and the backend is decided in
+one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from gateway.storage.sqlite import SqliteWorker
+
+DEFAULT_REDIS_TIMEOUT_S = 2.0
+
+
+class Backend(StrEnum):
+    SQLITE = "sqlite"
+    REDIS = "redis"
+
+
+@dataclass
+class Storage:
+    backend: Backend
+    sqlite: SqliteWorker | None = None
+    redis: aioredis.Redis | None = None
+
+    @classmethod
+    async def open(cls, redis_url: str | None, state_path: Path,
+                   redis_timeout_s: float = DEFAULT_REDIS_TIMEOUT_S) -> Storage:
+        if redis_url:
+            client = aioredis.Redis.from_url(redis_url, socket_timeout=redis_timeout_s,
+                                             socket_connect_timeout=redis_timeout_s)
+            return cls(Backend.REDIS, redis=client)
+        return cls(Backend.SQLITE, sqlite=await SqliteWorker.open(state_path))
+
+    def sqlite_worker(self) -> SqliteWorker:
+        if self.sqlite is None:
+            raise RuntimeError("this process stores state in Redis, not SQLite")
+        return self.sqlite
+
+    def redis_client(self) -> aioredis.Redis:
+        if self.redis is None:
+            raise RuntimeError("this process stores state in SQLite, not Redis")
+        return self.redis
+
+    async def close(self) -> None:
+        if self.sqlite is not None:
+            await self.sqlite.close()
+        if self.redis is not None:
+            await self.redis.aclose()

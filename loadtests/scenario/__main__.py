@@ -1,5 +1,0 @@
-"""`python -m loadtests.scenario SCENARIO ...`: the same as `kvgate loadtest`."""
-
-from loadtests.scenario.cli import main
-
-raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""The process's one SQLite worker: statements off the event loop's thread, transactions all-or-nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from gateway.storage import Backend, Storage
+
+
+def _create(db: sqlite3.Connection) -> None:
+    db.execute("CREATE TABLE t (n INTEGER NOT NULL)")
+
+
+def _insert_then_fail(db: sqlite3.Connection, values: list[int]) -> None:
+    db.executemany("INSERT INTO t VALUES (?)", [(value,) for value in values])
+    raise RuntimeError("half-way")
+
+
+def _insert(db: sqlite3.Connection, values: list[int]) -> int:
+    db.executemany("INSERT INTO t VALUES (?)", [(value,) for value in values])
+    return len(values)
+
+
+def _count(db: sqlite3.Connection) -> int:
+    row = db.execute("SELECT COUNT(*) FROM t").fetchone()
+    return int(row[0])
+
+
+def _thread_name(db: sqlite3.Connection) -> str:
+    return threading.current_thread().name
+
+
+def test_a_failed_transaction_leaves_nothing_and_a_good_one_everything(tmp_path: Path) -> None:
+    async def run() -> None:
+        storage = await Storage.open(None, tmp_path / "state.sqlite3")
+        worker = storage.sqlite_worker()
+        await worker.run(_create)
+        with pytest.raises(RuntimeError, match="half-way"):
+            await worker.transaction(_insert_then_fail, [1, 2, 3])
+        assert await worker.run(_count) == 0
+        assert await worker.transaction(_insert, [1, 2, 3]) == 3
+        assert await worker.run(_count) == 3
+        assert (await worker.run(_thread_name)).startswith("kvgate-sqlite")
+        await storage.close()
+
+    asyncio.run(run())
+    with sqlite3.connect(tmp_path / "state.sqlite3") as db:  # committed: another connection sees it
+        assert db.execute("SELECT COUNT(*) FROM t").fetchone() == (3,)
+
+
+def test_the_backend_is_chosen_once_from_the_redis_url(tmp_path: Path) -> None:
+    async def run() -> None:
+        sqlite = await Storage.open(None, tmp_path / "a.sqlite3")
+        assert sqlite.backend is Backend.SQLITE
+        with pytest.raises(RuntimeError, match="SQLite, not Redis"):
+            sqlite.redis_client()
+        await sqlite.close()
+        redis = await Storage.open("redis://127.0.0.1:9/0", tmp_path / "b.sqlite3")  # no connection is made yet
+        assert redis.backend is Backend.REDIS
+        with pytest.raises(RuntimeError, match="Redis, not SQLite"):
+            redis.sqlite_worker()
+        await redis.close()
+        assert not (tmp_path / "b.sqlite3").exists()
+
+    asyncio.run(run())

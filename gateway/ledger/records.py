@@ -195,14 +195,15 @@ class CloseCount:
 
 
 @dataclass(frozen=True)
-class LifetimeBucket:
-    """Closed records whose lifetime rounds up to `ceil_s` seconds; `high` is the longest of them."""
+class LifetimeStats:
+    """Closed records' lifetimes of one (tenant, medium), from 1-second buckets: nearest-rank p50/p99 (the
+    longest lifetime in the bucket holding that rank, so at most a second above the exact value), the longest,
+    and how many outlived the tenant's retention (exact for whole-second retention)."""
 
-    tenant: str
-    medium: str
-    ceil_s: int
-    count: int
-    high: float
+    p50: float
+    p99: float
+    longest: float
+    outlived: int
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ class LedgerSummary:
 
     tallies: list[TallyRow]
     closes: list[CloseCount]
-    lifetimes: list[LifetimeBucket]
+    lifetimes: dict[tuple[str, str], LifetimeStats]
     overdue_open: dict[tuple[str, str], int]
     oldest_open_age: dict[tuple[str, str], float]
     compacted_before: float | None

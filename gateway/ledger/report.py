@@ -23,7 +23,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.kvevents.endpoints import plan_sources
-from gateway.ledger.records import CLOSING_REASONS, BlockRecord, LedgerSummary, SourceEvent, TenantPolicyRecord
+from gateway.ledger.records import (
+    CLOSING_REASONS,
+    BlockRecord,
+    LedgerSummary,
+    LifetimeStats,
+    SourceEvent,
+    TenantPolicyRecord,
+)
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import RESERVED_TENANT
 
@@ -47,7 +54,7 @@ class MediumTally:
     resident: int = 0
     unknown: int = 0
     lifetimes: list[float] = field(default_factory=list)
-    histogram: list[tuple[int, int, float]] = field(default_factory=list)  # (ceil_s, count, high), from tallies
+    summarised: LifetimeStats | None = None  # from the store's histograms instead of `lifetimes`
     oldest_age: float | None = None  # of open blocks, on their publisher's clock
     age_violations: int = 0
     medium_violations: int = 0
@@ -181,9 +188,9 @@ def _tenant_view(
 
 def _medium_view(tally: MediumTally, gap_reasons: list[str]) -> dict[str, Any]:
     oldest = 0.0 if tally.oldest_age is None else tally.oldest_age
-    if tally.histogram:
-        p50, p99, longest = (_histogram_percentile(tally.histogram, 0.50), _histogram_percentile(tally.histogram, 0.99),
-                             round(tally.histogram[-1][2], 3))
+    if tally.summarised is not None:
+        stats = tally.summarised
+        p50, p99, longest = round(stats.p50, 3), round(stats.p99, 3), round(stats.longest, 3)
     else:
         lifetimes = sorted(tally.lifetimes)
         p50, p99 = _percentile(lifetimes, 0.50), _percentile(lifetimes, 0.99)
@@ -217,19 +224,6 @@ def drain_reasons(epoch: EpochTally, gap_reasons: list[str]) -> list[str]:
     for closed_by, count in sorted(epoch.unproven_closes.items()):
         reasons.append(f"{count} blocks closed as {closed_by!r}, which proves no removal")
     return reasons + (gap_reasons if reasons or epoch.last_removed_at is not None else [])
-
-
-def _histogram_percentile(buckets: list[tuple[int, int, float]], fraction: float) -> float:
-    """Nearest rank over 1-second buckets: the longest lifetime in the bucket holding that rank (a lifetime
-    that occurred, at most a second above the exact percentile)."""
-    total = sum(count for _ceil, count, _high in buckets)
-    rank = max(1, math.ceil(fraction * total))
-    seen = 0
-    for _ceil, count, high in buckets:
-        seen += count
-        if seen >= rank:
-            return round(high, 3)
-    return round(buckets[-1][2], 3)
 
 
 def build_summary_report(
@@ -275,8 +269,8 @@ def _tallies_from_summary(summary: LedgerSummary, judges: dict[str, Judge]) -> d
         medium.closed_by[close.closed_by] += close.count
         if close.epoch is not None and close.closed_by not in CLOSING_REASONS and close.epoch in medium.epochs:
             medium.epochs[close.epoch].unproven_closes[close.closed_by] += close.count
-    for bucket in summary.lifetimes:
-        tally(bucket.tenant, bucket.medium).histogram.append((bucket.ceil_s, bucket.count, bucket.high))
+    for (tenant, medium_name), stats in summary.lifetimes.items():
+        tally(tenant, medium_name).summarised = stats
     for (tenant, medium_name), age in summary.oldest_open_age.items():
         tally(tenant, medium_name).oldest_age = age
     for tenant, media in tallies.items():
@@ -285,9 +279,8 @@ def _tallies_from_summary(summary: LedgerSummary, judges: dict[str, Judge]) -> d
             continue
         for name, medium in media.items():
             medium.medium_violations = medium.stored if name not in judge.media else 0
-            medium.age_violations = summary.overdue_open.get((tenant, name), 0) + sum(
-                count for ceil_s, count, _high in medium.histogram
-                if judge.retention_s is not None and ceil_s > judge.retention_s)
+            outlived = medium.summarised.outlived if medium.summarised is not None else 0
+            medium.age_violations = summary.overdue_open.get((tenant, name), 0) + outlived
     return tallies
 
 

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.ledger.records import CloseCount, LedgerSummary, LifetimeBucket, TallyRow
+from gateway.ledger.records import CloseCount, LedgerSummary, LifetimeStats, TallyRow
 
 NO_EPOCH = -1
 COMPACT_CHUNK = 50_000
@@ -142,11 +142,41 @@ def summary(
                    f"FROM ledger_tally {where}", params)]
     closes = [CloseCount(t, m, None if e == NO_EPOCH else e, c, n) for t, m, e, c, n in db.execute(
         f"SELECT tenant, medium, epoch, closed_by, count FROM ledger_closes {where}", params)]  # noqa: S608
-    lifetimes = [LifetimeBucket(*row) for row in db.execute(
-        f"SELECT tenant, medium, ceil_s, count, high FROM ledger_lifetimes {where} ORDER BY ceil_s", params)]  # noqa: S608
+    lifetimes = {(row.tenant, row.medium): _lifetime_stats(db, row.tenant, row.medium, limits.get(row.tenant))
+                 for row in _merged(tallies) if row.removed > 0}
     overdue, oldest = _open_ages(db, limits, offsets, now, tenant)
     row = db.execute("SELECT compacted_before FROM ledger_compaction WHERE id = 1").fetchone()
     return LedgerSummary(tallies, closes, lifetimes, overdue, oldest, row[0] if row else None)
+
+
+def _merged(tallies: list[TallyRow]) -> list[TallyRow]:
+    """One row per (tenant, medium) with the closed count summed over epochs."""
+    removed: dict[tuple[str, str], int] = {}
+    for row in tallies:
+        removed[(row.tenant, row.medium)] = removed.get((row.tenant, row.medium), 0) + row.removed
+    return [TallyRow(tenant, medium, None, 0, count, 0, 0, None, None) for (tenant, medium), count in removed.items()]
+
+
+RANKED = ("SELECT high FROM (SELECT high, SUM(count) OVER (ORDER BY ceil_s) AS seen FROM ledger_lifetimes "
+          "WHERE tenant = ? AND medium = ?) WHERE seen >= ? LIMIT 1")
+# A high percentile counted from the longest lifetimes down reads only the top buckets.
+# The bucket holding rank r from the bottom is the first, from the top, whose running count exceeds total - r.
+RANKED_FROM_TOP = ("SELECT high FROM (SELECT high, SUM(count) OVER (ORDER BY ceil_s DESC) AS seen FROM "
+                   "ledger_lifetimes WHERE tenant = ? AND medium = ?) WHERE seen > ? LIMIT 1")
+
+
+def _lifetime_stats(db: sqlite3.Connection, tenant: str, medium: str, limit: float | None) -> LifetimeStats:
+    """Ranks and sums computed by SQLite over the (tenant, medium) buckets; only four numbers come back."""
+    total, longest = db.execute("SELECT SUM(count), MAX(high) FROM ledger_lifetimes WHERE tenant = ? AND medium = ?",
+                                (tenant, medium)).fetchone()
+    if not total:
+        return LifetimeStats(0.0, 0.0, 0.0, 0)
+    p50 = db.execute(RANKED, (tenant, medium, max(1, math.ceil(0.50 * total)))).fetchone()[0]
+    p99 = db.execute(RANKED_FROM_TOP, (tenant, medium, total - max(1, math.ceil(0.99 * total)))).fetchone()[0]
+    outlived = 0 if limit is None else db.execute(
+        "SELECT COALESCE(SUM(count), 0) FROM ledger_lifetimes WHERE tenant = ? AND medium = ? AND ceil_s > ?",
+        (tenant, medium, limit)).fetchone()[0]
+    return LifetimeStats(p50, p99, longest, outlived)
 
 
 def _open_ages(

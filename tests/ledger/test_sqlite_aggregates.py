@@ -109,3 +109,21 @@ def test_a_file_from_before_the_aggregates_is_backfilled(tmp_path: Path) -> None
             await store.close()
 
     assert _comparable(asyncio.run(reopen())) == _comparable(scanned)
+
+
+def test_percentiles_from_buckets_are_the_nearest_rank_within_a_second(tmp_path: Path) -> None:
+    lifetimes = [float(value) for value in range(1, 201)] + [5000.0]  # 201 lifetimes: p50 = 101, p99 = 199
+
+    async def scenario() -> None:
+        store = await SqliteStore.open(tmp_path / "ledger.sqlite3")
+        try:
+            opens: list[Op] = [OpenOp("GPU", index, None, "acme", 1, 0.0) for index in range(len(lifetimes))]
+            closes: list[Op] = [CloseOp("GPU", index, life) for index, life in enumerate(lifetimes)]
+            await store.apply([BatchOps("p/0", 0, 1.0, "v", opens), BatchOps("p/0", 1, 2.0, "v", closes)])
+            gpu = (await collect_audit(store, _policies(), "acme", None, now=NOW))["tenants"]["acme"]["GPU"]
+            assert (gpu["lifetime_p50_s"], gpu["lifetime_p99_s"], gpu["lifetime_max_s"]) == (101.0, 199.0, 5000.0)
+            assert gpu["violations"]["age"] == 101  # 101..200 and 5000 outlive 100 s
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())

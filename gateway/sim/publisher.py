@@ -24,6 +24,7 @@ import zmq.asyncio
 
 from gateway.sim.config import SimConfig
 from gateway.sim.kv_events import Event
+from gateway.sim.truth import EmittedTruth
 
 logger = logging.getLogger("gateway.sim")
 END_SEQ = b"\xff" * 8
@@ -54,6 +55,7 @@ class KvEventPublisher:
         self._replay: zmq.asyncio.Socket | None = None
         self.next_seq = 0
         self.dropped = 0
+        self.truth = EmittedTruth()  # what was sent, for `GET /sim/kv-truth`
 
     @property
     def enabled(self) -> bool:
@@ -120,6 +122,7 @@ class KvEventPublisher:
             self.next_seq += 1
             payload = self._encode([ts, events, 0])
             self._buffer.append((seq, payload))
+            self.truth.sent(events)
             await self._pub.send_multipart([self._topic, seq.to_bytes(8, "big"), payload])
 
     async def _serve_replay(self) -> None:

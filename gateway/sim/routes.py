@@ -197,6 +197,13 @@ async def sim_state(state: SimState, request: HttpRequest, record: RequestRecord
     }
 
 
+async def sim_kv_truth(state: SimState, request: HttpRequest, record: RequestRecord) -> Reply:
+    """Test seam: per cache salt and medium, the blocks this server announced stored, removed, still held."""
+    if state.publisher is None:
+        return 404, {"error": "KV events are disabled"}
+    return 200, state.publisher.truth.view()
+
+
 async def kv_event_sources(state: SimState, request: HttpRequest, record: RequestRecord) -> Reply:
     """vLLM's `{"<dp_rank>": KVEventsConfig}`; a server without events reports them disabled."""
     if state.publisher is None:
@@ -246,4 +253,5 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/kv_event_sources": {"GET": simple(kv_event_sources)},
     "/sim/requests": {"GET": simple(sim_requests), "DELETE": simple(sim_requests_clear)},
     "/sim/state": {"GET": simple(sim_state)},
+    "/sim/kv-truth": {"GET": simple(sim_kv_truth)},
 }

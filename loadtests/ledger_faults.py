@@ -40,6 +40,7 @@ TENANTS = ("acme", "globex")
 EPOCH = 1
 MEDIA = ("GPU", "CPU")
 SETTLE_TIMEOUT_S = 60.0
+CPU_CHUNKS = 200  # a CPU tier small enough to evict (64-token chunks of the default model shape)
 
 
 @dataclass
@@ -78,7 +79,8 @@ def write_policies(stack: Stack) -> None:
 
 
 def start_sim(stack: Stack) -> ServerProcess:
-    argv = kvgate_command("sim", "--port", str(stack.sim_port), "--offload", "--gpu-blocks", "64",
+    argv = kvgate_command("sim", "--port", str(stack.sim_port), "--offload", "--gpu-blocks", "128",
+                          "--cpu-bytes-to-use", str(CPU_CHUNKS * 64 * 147456),
                           "--base-ttft-ms", "1", "--prefill-us-per-token", "1", "--decode-ms-per-token", "0",
                           "--kv-events-endpoint", f"tcp://*:{stack.events_port}",
                           "--kv-events-replay-endpoint", f"tcp://*:{stack.events_port + 1}")
@@ -127,7 +129,7 @@ def traffic(stack: Stack, requests: int, seed: int) -> None:
     with httpx.Client(base_url=f"http://127.0.0.1:{stack.sim_port}", timeout=30) as client:
         for index in range(requests):
             tenant = TENANTS[index % len(TENANTS)]
-            words = " ".join(f"{tenant}-doc{rng.randrange(6)}-w{i}" for i in range(60 + rng.randrange(120)))
+            words = " ".join(f"{tenant}-doc{rng.randrange(6)}-w{i}" for i in range(40 + rng.randrange(60)))
             body = {"model": "sim-model", "prompt": words, "max_tokens": 2,
                     "cache_salt": derive_salt(stack.secret.encode(), tenant, EPOCH)}
             client.post("/v1/completions", json=body).raise_for_status()
@@ -402,6 +404,10 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _stop(signum: int, frame: object) -> None:
+    raise SystemExit(f"stopped by signal {signum}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=60, help="requests per traffic phase")
@@ -409,6 +415,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kvgate-ledger-faults"))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _stop)  # so every process it started is stopped on the way out
     outcomes = []
     for name in args.only or list(SCENARIOS):
         started = time.monotonic()

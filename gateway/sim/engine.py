@@ -114,7 +114,7 @@ class Engine:
         try:
             await asyncio.sleep(run.prefill_s)
         except asyncio.CancelledError:
-            self._publish(run.pending)
+            self._publish(run.pending, run.request.cache_salt)
             self.finish(run, (), "abort")
             raise
         self._complete_prefill(run)
@@ -167,7 +167,7 @@ class Engine:
 
     def _complete_prefill(self, run: Run) -> None:
         run.first_token_at = time.monotonic()
-        self._publish(run.pending)
+        self._publish(run.pending, run.request.cache_salt)
         run.pending = []
         if self.offload is not None:
             self._offload_after_prefill(run)
@@ -178,7 +178,8 @@ class Engine:
         if run.loaded:
             self.offload.load(run.hashes, run.gpu_hit, run.loaded)
         request = run.request
-        self._publish(self.offload.store(request.prompt, run.hashes, request.caps.max_offload_tokens))
+        self._publish(self.offload.store(request.prompt, run.hashes, request.caps.max_offload_tokens),
+                      request.cache_salt)
 
     def _prefill_stats(self, run: Run) -> PrefillStats:
         assert run.first_token_at is not None
@@ -209,12 +210,13 @@ class Engine:
         new = chain_hashes(tokens, size, run.request.cache_salt, start, parent)
         taken = self.cache.acquire(new)
         chain = [*run.hashes, *new]
-        self._publish(self._stored_events(tokens, chain, start, taken, run.request.cache_salt))
+        self._publish(self._stored_events(tokens, chain, start, taken, run.request.cache_salt), run.request.cache_salt)
         return taken
 
-    def _publish(self, events: list[Event]) -> None:
+    def _publish(self, events: list[Event], owner: str | None) -> None:
+        """`owner`: the request's cache salt; new blocks in these events are its (the truth seam counts them)."""
         if events:
-            self.sink.publish(events)
+            self.sink.publish(events, owner)
 
     def _update_gauges(self) -> None:
         self.metrics.set_queue(self.waiting, self.running)

@@ -45,7 +45,7 @@ class KvEventPublisher:
         self._replay_endpoint = config.kv_events_replay_endpoint
         self._topic = config.kv_events_topic.encode()
         self._with_topic = not config.replay_without_topic
-        self._queue: deque[tuple[float, list[Event]]] = deque()
+        self._queue: deque[tuple[float, list[Event], str | None]] = deque()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.kv_events_buffer_steps)
         self._wake = asyncio.Event()
         self._stopping = False
@@ -66,12 +66,12 @@ class KvEventPublisher:
         """Batches handed to the publisher so far (the next one will get this seq)."""
         return self.next_seq + len(self._queue)
 
-    def publish(self, events: list[Event]) -> None:
+    def publish(self, events: list[Event], owner: str | None = None) -> None:
         """Queue one batch (never blocks); it is sent by `run()`."""
         if len(self._queue) >= MAX_QUEUE:
             self.dropped += 1
             return
-        self._queue.append((time.time(), events))
+        self._queue.append((time.time(), events, owner))
         self._wake.set()
 
     def open(self) -> None:
@@ -117,12 +117,12 @@ class KvEventPublisher:
     async def _drain(self) -> None:
         assert self._pub is not None
         while self._queue:
-            ts, events = self._queue.popleft()
+            ts, events, owner = self._queue.popleft()
             seq = self.next_seq
             self.next_seq += 1
             payload = self._encode([ts, events, 0])
             self._buffer.append((seq, payload))
-            self.truth.sent(events)
+            self.truth.sent(events, owner)
             await self._pub.send_multipart([self._topic, seq.to_bytes(8, "big"), payload])
 
     async def _serve_replay(self) -> None:

@@ -1,7 +1,8 @@
 """What this simulator emitted on its KV-event socket, per cache salt and medium: the ground truth a ledger
-is checked against (`GET /sim/kv-truth`). Counted when a batch is sent, in send order, with vLLM's rules:
-a GPU chain's blocks belong to its root's salt and children to their parent's; a CPU block belongs to the
-GPU block whose hash it carries; `AllBlocksCleared` empties the GPU tier. A test seam, not a vLLM feature.
+is checked against (`GET /sim/kv-truth`). Counted when a batch is sent, in send order. A newly stored block
+belongs to the request whose step stored it (the engine names its cache salt; nothing is inferred from the
+events, so the truth does not share the ledger's attribution rules); a removal ends the block's residence on
+its medium; `AllBlocksCleared` empties the GPU tier. A test seam, not a vLLM feature.
 """
 
 from __future__ import annotations
@@ -26,17 +27,16 @@ class Tally:
 
 @dataclass
 class EmittedTruth:
-    owners: dict[int, str] = field(default_factory=dict)  # hash -> salt, every block ever stored
     resident: dict[tuple[str, int], str] = field(default_factory=dict)  # (medium, hash) -> salt
     tallies: dict[tuple[str, str], Tally] = field(default_factory=dict)  # (salt, medium)
     batches: int = 0
 
-    def sent(self, events: list[Event]) -> None:
+    def sent(self, events: list[Event], owner: str | None) -> None:
         self.batches += 1
         for event in events:
             kind = event.get("type")
             if kind == "BlockStored":
-                self._stored(event)
+                self._stored(event, owner or NO_SALT)
             elif kind == "BlockRemoved":
                 for block in event["block_hashes"]:
                     self._removed(event["medium"], block)
@@ -44,14 +44,9 @@ class EmittedTruth:
                 for medium, block in [key for key in self.resident if key[0] == "GPU"]:
                     self._removed(medium, block)
 
-    def _stored(self, event: Event) -> None:
-        medium, parent = event["medium"], event.get("parent_block_hash")
-        extra = event.get("extra_keys") or [None]
-        root_keys = extra[0] if extra else None
-        salt = (root_keys[0] if root_keys else NO_SALT) if parent is None else self.owners.get(parent, NO_SALT)
+    def _stored(self, event: Event, owner: str) -> None:
+        medium = event["medium"]
         for block in event["block_hashes"]:
-            owner = self.owners.get(block, salt) if medium != "GPU" else salt
-            self.owners.setdefault(block, owner)
             if (medium, block) not in self.resident:
                 self.resident[(medium, block)] = owner
                 self._tally(owner, medium).stored += 1

@@ -40,6 +40,7 @@ TENANTS = ("acme", "globex")
 EPOCH = 1
 MEDIA = ("GPU", "CPU")
 SETTLE_TIMEOUT_S = 60.0
+QUIET_POLLS = 10
 CPU_CHUNKS = 200  # a CPU tier small enough to evict (64-token chunks of the default model shape)
 
 
@@ -70,7 +71,7 @@ def write_policies(stack: Stack) -> None:
     (root / "gateway.yaml").write_text(
         f"pools:\n  offload:\n    upstreams: [\"http://127.0.0.1:{stack.sim_port}\"]\n"
         f"    kv_events: [\"tcp://127.0.0.1:{stack.events_port}\"]\n"
-        "default_pool: offload\npublic_paths: [\"/livez\"]\n")
+        "default_pool: offload\npublic_paths: [\"/livez\", \"/metrics\"]\n")
     for tenant in TENANTS:
         (root / "tenants" / f"{tenant}.yaml").write_text(
             f"tenant: {tenant}\nkeys:\n  - sha256: \"{hashlib.sha256(secrets.token_bytes(32)).hexdigest()}\"\n"
@@ -78,12 +79,12 @@ def write_policies(stack: Stack) -> None:
             f"cache:\n  isolation: tenant\n  salt_epoch: {EPOCH}\noffload:\n  retention_seconds: 3600\n")
 
 
-def start_sim(stack: Stack) -> ServerProcess:
+def start_sim(stack: Stack, *extra: str) -> ServerProcess:
     argv = kvgate_command("sim", "--port", str(stack.sim_port), "--offload", "--gpu-blocks", "128",
                           "--cpu-bytes-to-use", str(CPU_CHUNKS * 64 * 147456),
                           "--base-ttft-ms", "1", "--prefill-us-per-token", "1", "--decode-ms-per-token", "0",
                           "--kv-events-endpoint", f"tcp://*:{stack.events_port}",
-                          "--kv-events-replay-endpoint", f"tcp://*:{stack.events_port + 1}")
+                          "--kv-events-replay-endpoint", f"tcp://*:{stack.events_port + 1}", *extra)
     sim = stack.exits.enter_context(run_server(argv, stack.sim_port, stack.workdir / f"sim{len(stack.sims)}.log",
                                                ready_path="/health"))
     stack.sims.append(sim)
@@ -177,13 +178,20 @@ def ledger_counts(report: dict[str, Any]) -> Counts:
 
 
 def settle(stack: Stack, expected: Callable[[], Counts]) -> tuple[Counts, dict[str, Any]]:
-    """Poll the ledger until it equals the truth (or stops changing near the deadline)."""
+    """Poll the ledger until it equals the truth, or has not changed for `QUIET_POLLS` polls in a row (it
+    flushes every 0.2 s, so it has taken in all it will), or the deadline passes."""
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     report: dict[str, Any] = {}
+    previous, unchanged = None, 0
     while time.monotonic() < deadline:
         report = ledger(stack)
-        if _matches(expected(), ledger_counts(report)):
+        counts = ledger_counts(report)
+        if _matches(expected(), counts):
             break
+        unchanged = unchanged + 1 if counts == previous else 0
+        if unchanged >= QUIET_POLLS:
+            break
+        previous = counts
         time.sleep(0.5)  # polling the store, not synchronisation
     return expected(), report
 
@@ -213,8 +221,22 @@ class Outcome:
         return "DIFFERS, NOT REPORTED"
 
 
+def store_errors(gw: ServerProcess) -> str:
+    """The gateway's own count of failed store writes, by kind (evidence the fault reached the writer)."""
+    text = httpx.get(f"{gw.url}/metrics", timeout=10).text
+    found = [line for line in text.splitlines() if line.startswith(("kvgate_ledger_store_errors_total{",
+                                                                    "kvgate_ledger_task_restarts_total{"))]
+    return "store errors: " + (", ".join(found) if found else "none")
+
+
 def outcome(name: str, want: Counts, report: dict[str, Any], notes: list[str]) -> Outcome:
     got = ledger_counts(report)
+    closed: dict[str, int] = {}
+    for media in report.get("tenants", {}).values():
+        for view in media.values():
+            for reason, count in view["closed_by"].items():
+                closed[reason] = closed.get(reason, 0) + count
+    notes = [*notes, f"closed_by {dict(sorted(closed.items()))}"]
     rows = []
     for key in sorted(set(want) | set(got)):
         truth_row = want.get(key, {"stored": 0, "removed": 0, "resident": 0})
@@ -310,15 +332,16 @@ def _redis_fault(workdir: Path, requests: int, name: str, title: str,
         assert stack.redis_port is not None
         admin = redis.Redis(port=stack.redis_port)
         start_sim(stack)
-        with gateway(stack, "1"):
+        with gateway(stack, "1") as gw:
             traffic(stack, requests, 1)
             settle(stack, lambda: truth_counts(stack, [truth(stack)]))
             heal = inject(stack, admin)
             traffic(stack, requests, 2)
             heal()
             want, report = settle(stack, lambda: truth_counts(stack, [truth(stack)]))
+            errors = store_errors(gw)
         admin.close()
-    return outcome(title, want, report, [])
+    return outcome(title, want, report, [errors])
 
 
 def scenario_redis_killed(workdir: Path, requests: int) -> Outcome:
@@ -359,7 +382,7 @@ def scenario_sqlite_locked(workdir: Path, requests: int) -> Outcome:
     stack = new_stack(workdir, "sqlite-locked")
     with stack.exits:
         start_sim(stack)
-        with gateway(stack, "1"):
+        with gateway(stack, "1") as gw:
             traffic(stack, requests, 1)
             settle(stack, lambda: truth_counts(stack, [truth(stack)]))
             holder = sqlite3.connect(stack.workdir / "ledger.sqlite3", isolation_level=None)
@@ -371,7 +394,31 @@ def scenario_sqlite_locked(workdir: Path, requests: int) -> Outcome:
             holder.execute("ROLLBACK")
             holder.close()
             want, report = settle(stack, lambda: truth_counts(stack, [truth(stack)]))
-    return outcome("SQLite locked by another process for 15 s", want, report, [])
+            errors = store_errors(gw)
+    return outcome("SQLite locked by another process for 15 s", want, report, [errors])
+
+
+def scenario_burst(workdir: Path, requests: int) -> Outcome:
+    """The gateway stops reading (SIGSTOP) while the simulator publishes far past its PUB high-water mark
+    (50 messages) and past its replay buffer (300 batches): replay recovers what it still holds, the rest
+    must show as missing batches."""
+    stack = new_stack(workdir, "burst")
+    with stack.exits:
+        start_sim(stack, "--kv-events-hwm", "50", "--kv-events-buffer-steps", "300")
+        with gateway(stack, "1") as gw:
+            traffic(stack, requests, 1)
+            settle(stack, lambda: truth_counts(stack, [truth(stack)]))
+            before = truth(stack)["batches_sent"]
+            gw.send_signal(signal.SIGSTOP)
+            try:
+                traffic(stack, requests * 5, 2)
+            finally:
+                gw.send_signal(signal.SIGCONT)
+            burst = truth(stack)["batches_sent"] - before
+            traffic(stack, 4, 3)
+            want, report = settle(stack, lambda: truth_counts(stack, [truth(stack)]))
+    return outcome("burst past the PUB high-water mark and the replay buffer while the gateway is stopped",
+                   want, report, [f"{burst} batches published during the burst (hwm 50, replay buffer 300)"])
 
 
 SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
@@ -383,6 +430,7 @@ SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
     "redis-read-only": scenario_redis_read_only,
     "redis-oom": scenario_redis_oom,
     "sqlite-locked": scenario_sqlite_locked,
+    "burst": scenario_burst,
 }
 
 

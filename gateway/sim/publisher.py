@@ -29,7 +29,6 @@ from gateway.sim.truth import EmittedTruth
 logger = logging.getLogger("gateway.sim")
 END_SEQ = b"\xff" * 8
 MAX_QUEUE = 100_000
-PUB_HWM = 100_000
 
 
 def binds(endpoint: str) -> bool:
@@ -44,6 +43,7 @@ class KvEventPublisher:
         self._endpoint = config.kv_events_endpoint or ""
         self._replay_endpoint = config.kv_events_replay_endpoint
         self._topic = config.kv_events_topic.encode()
+        self._hwm = config.kv_events_hwm
         self._with_topic = not config.replay_without_topic
         self._queue: deque[tuple[float, list[Event], str | None]] = deque()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.kv_events_buffer_steps)
@@ -78,7 +78,7 @@ class KvEventPublisher:
         """Create, bind or connect the sockets (raises when an endpoint cannot be used)."""
         self._context = zmq.asyncio.Context()
         self._pub = self._context.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.SNDHWM, PUB_HWM)
+        self._pub.setsockopt(zmq.SNDHWM, self._hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
         (self._pub.bind if binds(self._endpoint) else self._pub.connect)(self._endpoint)
         if self._replay_endpoint:
@@ -104,7 +104,7 @@ class KvEventPublisher:
     def describe(self) -> dict[str, object]:
         """This publisher's settings, in the shape of vLLM's KVEventsConfig (for /kv_event_sources)."""
         return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self._endpoint,
-                "replay_endpoint": self._replay_endpoint, "buffer_steps": self._buffer.maxlen, "hwm": PUB_HWM,
+                "replay_endpoint": self._replay_endpoint, "buffer_steps": self._buffer.maxlen, "hwm": self._hwm,
                 "max_queue_size": MAX_QUEUE, "topic": self._topic.decode()}
 
     async def _pump(self) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import zmq.asyncio
 
+from gateway.errors import GatewayError
 from gateway.kvevents.endpoints import SourceSpec, plan_sources
 from gateway.kvevents.sequence import Cursor
 from gateway.kvevents.subscriber import Subscriber
@@ -45,6 +46,11 @@ REMEMBERED_USERS = 1_000_000  # (tenant, epoch, user) triples kept to make repea
 RESUBSCRIBE_DELAY_S = 1.0
 RESTART_DELAY_S = 1.0  # before a ledger task that ended is started again
 CLOCK_SAMPLES = 256  # receive-time samples per source for the clock-offset estimate
+
+
+class LedgerUnavailable(GatewayError):
+    status_code = 503
+    error_type = "service_unavailable"
 
 
 @runtime_checkable
@@ -160,7 +166,12 @@ class LedgerService:
 
     async def audit(self, policies: PolicySet, tenant: str | None, since: datetime | None) -> dict[str, Any]:
         await self.writer.flush()  # everything received so far is in the report (kept if the store fails)
-        return await collect_audit(self.store, policies, tenant, since, dict(self.clock_offsets))
+        try:
+            return await collect_audit(self.store, policies, tenant, since, dict(self.clock_offsets))
+        except Exception as error:  # the store cannot be read now: a 503 in the OpenAI shape, counted
+            kind = "unavailable" if isinstance(error, StoreUnavailable) else type(error).__name__
+            self.metrics.store_error(kind)
+            raise LedgerUnavailable(f"the ledger store cannot be read now ({kind}); try again") from error
 
     # -- BatchSink: called by subscribers, in sequence order per source ---------------------------
 

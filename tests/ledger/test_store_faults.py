@@ -11,10 +11,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 import redis
 
 from gateway.ledger.base import LedgerStore
 from gateway.ledger.redis_store import RedisStore
+from gateway.ledger.service import LedgerUnavailable
 from gateway.ledger.sqlite_store import SqliteStore
 from tests.harness import expected_salt
 from tests.ledger.publisher import VllmPublisher, removed, stored
@@ -166,6 +168,9 @@ def test_redis_sigkilled_mid_stream_and_restarted(tmp_path: Path, publisher: Vll
             server.kill()
             _publish(publisher, 5000, 3)
             await eventually(_errors(ledger, "unavailable"), lambda count: count >= 2)
+            with pytest.raises(LedgerUnavailable) as refused:  # /admin/audit answers 503, not 500
+                await ledger.audit()
+            assert refused.value.status_code == 503
             restarted.start()
             await eventually(_in_store(backend), lambda seen: seen == (18, 6))
             _publish(publisher, 9000, 1)

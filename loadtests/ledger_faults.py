@@ -411,7 +411,7 @@ def scenario_burst(workdir: Path, requests: int) -> Outcome:
             before = truth(stack)["batches_sent"]
             gw.send_signal(signal.SIGSTOP)
             try:
-                traffic(stack, requests * 5, 2)
+                traffic(stack, requests * 50, 2)
             finally:
                 gw.send_signal(signal.SIGCONT)
             burst = truth(stack)["batches_sent"] - before

@@ -124,7 +124,8 @@ def _table(report: dict[str, Any], rows: list[tuple[Any, ...]]) -> str:
     widths = [max(len(str(row[i])) for row in cells) for i in range(len(COLUMNS))]
     lines = [f"policy version {report['policy_version']}, generated {report['generated_at']}"]
     lines += ["  ".join(str(value).rjust(width) for value, width in zip(row, widths, strict=True)) for row in cells]
-    lines += [f"source {gap['source']}: {gap['missing_batches']} missing batches, {gap['restarts']} restarts, "
+    lines += [f"source {gap['source']}: {gap['missing_batches']} missing batches, {gap['restarts']} restarts "
+              f"({gap['restarts_presumed']} more presumed), "
               f"{gap['lost']} silences, {gap['resets']} operator resets, clock offset "
               f"{_offset(gap['clock_offset_s'])}" for gap in report["gaps"]]
     lines += [f"{tenant} {medium} epoch {epoch}: drain not proven: {'; '.join(view['drain']['reasons'])}"

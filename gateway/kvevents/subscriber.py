@@ -43,7 +43,10 @@ class BatchSink(Protocol):
 
     async def missing(self, source: str, first: int, last: int, after_ts: float) -> None: ...
 
-    async def restarted(self, source: str, boundary_ts: float, previous: Cursor) -> None: ...
+    async def restarted(self, source: str, boundary_ts: float, previous: Cursor, proven: bool) -> None:
+        """`proven`: the cursor's batch was seen replaced; False when it is merely gone from replay while later
+        batches exist (the buffer may have moved past it), so the restart is presumed."""
+        ...
 
     async def silent(self, source: str, since: float) -> None: ...
 
@@ -135,12 +138,12 @@ class Subscriber:
         self.tracker.accept(envelope.seq, batch.ts, envelope.publisher)
         self._silent = False  # the sink resumes a silent source on its next batch
 
-    async def _restart(self, boundary_ts: float, why: str) -> None:
+    async def _restart(self, boundary_ts: float, why: str, proven: bool = True) -> None:
         previous = self.tracker.cursor
-        log.warning("kv_events_publisher_restarted", source=self.spec.name, why=why,
+        log.warning("kv_events_publisher_restarted", source=self.spec.name, why=why, proven=proven,
                     previous_seq=previous.seq if previous else None)
         if previous is not None:
-            await self.sink.restarted(self.spec.name, boundary_ts, previous)
+            await self.sink.restarted(self.spec.name, boundary_ts, previous, proven)
         self.tracker.forget()
         self._silent = False
 
@@ -165,7 +168,7 @@ class Subscriber:
             async for envelope, batch in replies:
                 if judged is None:
                     judged = _judge_first(cursor, envelope, batch)
-                    if judged == "restart":
+                    if judged != "proven":
                         restart_ts = batch.ts if batch is not None else cursor.ts
                         break
                     await self._proven()
@@ -175,8 +178,10 @@ class Subscriber:
                     await self._handle(envelope, batch, may_replay=False)
         if judged is None and self._replay_complete:
             judged = "restart"  # nothing at or after the cursor: a new process that is not that far yet
-        if judged == "restart":
-            await self._restart(restart_ts, "replay does not hold the cursor's batch")
+        if judged in ("restart", "presumed"):
+            why = ("replay no longer holds the cursor's batch, later ones exist" if judged == "presumed"
+                   else "replay holds another batch at the cursor, or nothing at or after it")
+            await self._restart(restart_ts, why, proven=judged == "restart")
             await self._catch_up(0)
             return True
         return judged is not None or self._replay_complete
@@ -261,7 +266,11 @@ class Subscriber:
 
 
 def _judge_first(cursor: Cursor, envelope: Envelope, batch: EventBatch | None) -> str:
-    """`proven` when replay's first batch is the cursor's own batch, else `restart`."""
-    if envelope.seq == cursor.seq and batch is not None and batch.ts == cursor.ts:
+    """Replay's first batch at or after the cursor: the cursor's own batch (`proven` continuity), another
+    batch at that number (`restart`), or a later number only (`presumed` restart: the cursor's batch is gone,
+    which a restart explains, but so does a replay buffer that moved past it)."""
+    if envelope.seq != cursor.seq:
+        return "presumed"
+    if batch is not None and batch.ts == cursor.ts:
         return "proven"
     return "restart"

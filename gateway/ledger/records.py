@@ -45,7 +45,7 @@ class ClearOp(NamedTuple):
     media: tuple[str, ...] | None
     stored_before: float | None
     at: float
-    reason: str  # cleared | restart | reset (and `lost`, written by versions before silent sources were kept)
+    reason: str  # cleared | restart | restart_presumed | reset (`lost`: older versions closed silent sources)
 
 
 class CopiesOp(NamedTuple):
@@ -70,7 +70,10 @@ class ResumeOp(NamedTuple):
 
 
 Op = OpenOp | CloseOp | ClearOp | CopiesOp | SilenceOp | ResumeOp
-CLOSING_REASONS = frozenset({"removed", "cleared", "restart", "reset"})  # what proves a block is gone
+RESTART = "restart"
+PRESUMED_RESTART = "restart_presumed"  # the cursor's batch left replay while later ones exist: not a proof
+CLOSING_REASONS = frozenset({"removed", "cleared", RESTART, "reset"})  # what proves a block is gone
+SOURCE_EVENT_KINDS = ("restart", PRESUMED_RESTART, "reset", "lost")  # closes recorded as source events
 
 
 class Closed(NamedTuple):

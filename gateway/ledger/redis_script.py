@@ -121,7 +121,7 @@ local function clear_blocks(source, boundary, op)
       end
     end
   end
-  if op[5] == "restart" or op[5] == "lost" or op[5] == "reset" then
+  if op[5] == "restart" or op[5] == "restart_presumed" or op[5] == "lost" or op[5] == "reset" then
     add_event(source, op[5], boundary, op[4], closed)
   end
 end

@@ -25,6 +25,7 @@ from typing import Any
 from gateway.kvevents.endpoints import plan_sources
 from gateway.ledger.records import (
     CLOSING_REASONS,
+    SOURCE_EVENT_KINDS,
     BlockRecord,
     LedgerSummary,
     LifetimeStats,
@@ -303,10 +304,11 @@ def _gap_view(source: str, inputs: AuditInputs) -> dict[str, Any]:
         "source": source,
         "missing_batches": inputs.missing_batches.get(source, 0),
         "restarts": sum(event.kind == "restart" for event in events),
+        "restarts_presumed": sum(event.kind == "restart_presumed" for event in events),
         "lost": sum(event.kind in ("silent", "lost") for event in events),
         "resumed": sum(event.kind == "resumed" for event in events),
         "resets": sum(event.kind == "reset" for event in events),
-        "closed_without_removal": sum(event.closed for event in events if event.kind in ("restart", "lost", "reset")),
+        "closed_without_removal": sum(event.closed for event in events if event.kind in SOURCE_EVENT_KINDS),
         "last_restart_or_loss_at": iso(max(event.learned_at for event in events)) if events else None,
         "clock_offset_s": round(offset, 3) if (offset := inputs.clock_offsets.get(source)) is not None else None,
     }

@@ -31,7 +31,7 @@ from gateway.ledger.config import LedgerSettings, compaction_horizon
 from gateway.ledger.factory import open_store
 from gateway.ledger.lifecycle import LedgerState, SourceEnd
 from gateway.ledger.observe import LedgerMetrics
-from gateway.ledger.records import BatchOps, GapRecord, TenantPolicyRecord
+from gateway.ledger.records import PRESUMED_RESTART, RESTART, BatchOps, GapRecord, TenantPolicyRecord
 from gateway.ledger.salts import SaltIndex, user_salt_entry
 from gateway.ledger.writer import BatchWriter
 from gateway.log import get_logger
@@ -184,10 +184,11 @@ class LedgerService:
         self.writer.add_gap(GapRecord(source, first, last, after_ts))
         self.metrics.missing(source, last - first + 1)
 
-    async def restarted(self, source: str, boundary_ts: float, previous: Cursor) -> None:
-        """Proven restart: every block stored up to the old process's last batch closes as `restart`."""
+    async def restarted(self, source: str, boundary_ts: float, previous: Cursor, proven: bool = True) -> None:
+        """Every block stored up to the old process's last batch closes as `restart` (or `restart_presumed`
+        when the cursor's batch was only gone from replay: that proves no removal, and the report says so)."""
         stored_before = math.nextafter(previous.ts, math.inf)
-        end = SourceEnd("restart", boundary_ts, stored_before, time.time())
+        end = SourceEnd(RESTART if proven else PRESUMED_RESTART, boundary_ts, stored_before, time.time())
         await self.writer.submit(self.state.close_source(source, end, self.holder.current.version))
 
     async def silent(self, source: str, since: float) -> None:

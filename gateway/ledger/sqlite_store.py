@@ -21,6 +21,7 @@ from gateway.kvevents.wire import HashValue
 from gateway.ledger import sqlite_tally
 from gateway.ledger.hashcodec import from_sql, to_sql
 from gateway.ledger.records import (
+    SOURCE_EVENT_KINDS,
     BatchOps,
     BlockRecord,
     ClearOp,
@@ -41,7 +42,6 @@ from gateway.ledger.records import (
 T = TypeVar("T")
 MARKER_TTL_S = 86_400.0  # applied-batch markers older than this are pruned; replays reach back far less
 PRUNE_EVERY = 500  # flushes
-SOURCE_EVENT_REASONS = ("restart", "reset", "lost")
 BUSY_TIMEOUT_MS = 10_000  # past this, "database is locked" is raised and the writer retries later
 
 SCHEMA = """
@@ -220,7 +220,7 @@ class SqliteStore:
         rows = self.db.execute(sql, (op.at, op.reason, *params)).fetchall()
         for tenant, medium, epoch, stored_at, unknown_since in rows:
             self._delta.closed(tenant, medium, epoch, op.reason, stored_at, op.at, unknown_since is not None)
-        if op.reason in SOURCE_EVENT_REASONS:
+        if op.reason in SOURCE_EVENT_KINDS:
             self._source_event(batch, op.reason, op.at, len(rows))
 
     async def record_gaps(self, gaps: Sequence[GapRecord]) -> None:

@@ -63,7 +63,7 @@ def _batches(records: int, days: float, now: float, seed: int) -> list[BatchOps]
         medium = "GPU" if index % 3 else "CPU"
         epoch = None if tenant == "unattributed" else 1 + (index % 7 == 0)
         opens.append(OpenOp(medium, index, None, tenant, epoch, stored_at))
-        if index % 2 == 0:
+        if rng.random() < 0.5:
             closes.append(CloseOp(medium, index, min(now, stored_at + rng.uniform(1, 10_800))))
     ops = opens + closes
     return [BatchOps(SOURCES[0], start // OPS_PER_BATCH, float(start), "bench",

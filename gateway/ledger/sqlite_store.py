@@ -176,7 +176,7 @@ class SqliteStore:
         execute, opened = self.db.execute, self._delta.opened
         for op in ops:
             if execute(OPEN_SQL, _open_row(batch, op)).rowcount:
-                opened(op.tenant, op.medium, op.epoch)
+                opened(batch.source, op.tenant, op.medium, op.epoch)
 
     def _close(self, batch: BatchOps, ops: list[CloseOp]) -> None:
         execute, closed = self.db.execute, self._delta.closed
@@ -184,7 +184,8 @@ class SqliteStore:
             hit = execute(CLOSE_SQL, _close_row(batch, op)).fetchone()
             if hit is not None:
                 tenant, epoch, stored_at, unknown_since = hit
-                closed(tenant, op.medium, epoch, "removed", stored_at, op.removed_at, unknown_since is not None)
+                closed(batch.source, tenant, op.medium, epoch, "removed", stored_at, op.removed_at,
+                       unknown_since is not None)
 
     def _silence(self, batch: BatchOps, op: SilenceOp) -> None:
         rows = self.db.execute("UPDATE ledger_blocks SET unknown_since = ? WHERE source = ? AND removed_at IS NULL "
@@ -219,7 +220,8 @@ class SqliteStore:
                "RETURNING tenant, medium, epoch, stored_at, unknown_since")
         rows = self.db.execute(sql, (op.at, op.reason, *params)).fetchall()
         for tenant, medium, epoch, stored_at, unknown_since in rows:
-            self._delta.closed(tenant, medium, epoch, op.reason, stored_at, op.at, unknown_since is not None)
+            self._delta.closed(batch.source, tenant, medium, epoch, op.reason, stored_at, op.at,
+                               unknown_since is not None)
         if op.reason in SOURCE_EVENT_KINDS:
             self._source_event(batch, op.reason, op.at, len(rows))
 

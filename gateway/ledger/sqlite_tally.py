@@ -29,6 +29,9 @@ CREATE TABLE IF NOT EXISTS ledger_closes (
 CREATE TABLE IF NOT EXISTS ledger_lifetimes (
     tenant TEXT NOT NULL, medium TEXT NOT NULL, ceil_s INTEGER NOT NULL, count INTEGER NOT NULL, high REAL NOT NULL,
     PRIMARY KEY (tenant, medium, ceil_s)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger_open_by_source (
+    source TEXT NOT NULL, tenant TEXT NOT NULL, medium TEXT NOT NULL, open INTEGER NOT NULL,
+    PRIMARY KEY (tenant, medium, source)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ledger_compaction (id INTEGER PRIMARY KEY CHECK (id = 1), compacted_before REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS ledger_blocks_open_age ON ledger_blocks(tenant, medium, source, stored_at)
     WHERE removed_at IS NULL;
@@ -48,6 +51,8 @@ FROM ledger_blocks WHERE removed_at IS NOT NULL GROUP BY 1, 2, 3, 4;
 INSERT INTO ledger_lifetimes SELECT tenant, medium, CAST(MAX(0, ceil(removed_at - stored_at)) AS INTEGER), COUNT(*),
        MAX(removed_at - stored_at)
 FROM ledger_blocks WHERE removed_at IS NOT NULL GROUP BY 1, 2, 3;
+INSERT INTO ledger_open_by_source SELECT source, tenant, medium, COUNT(*) FROM ledger_blocks WHERE removed_at IS NULL
+GROUP BY 1, 2, 3;
 """
 
 
@@ -62,6 +67,8 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, medium, epoch) DO UPDATE
 """
 CLOSES_UPSERT = ("INSERT INTO ledger_closes VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, medium, epoch, closed_by) "
                  "DO UPDATE SET count = count + excluded.count")
+OPEN_BY_SOURCE_UPSERT = ("INSERT INTO ledger_open_by_source VALUES (?, ?, ?, ?) ON CONFLICT (tenant, medium, source) "
+                         "DO UPDATE SET open = open + excluded.open")
 LIFETIME_UPSERT = ("INSERT INTO ledger_lifetimes VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, medium, ceil_s) "
                    "DO UPDATE SET count = count + excluded.count, high = MAX(high, excluded.high)")
 Key = tuple[str, str, int]  # tenant, medium, epoch (-1: none)
@@ -74,6 +81,7 @@ class TallyDelta:
         self.counts: dict[Key, list[Any]] = {}  # stored, removed, open, unknown, last_removed_at, max_lifetime
         self.closes: dict[tuple[str, str, int, str], int] = {}
         self.lifetimes: dict[tuple[str, str, int], list[float]] = {}  # count, high
+        self.open_by_source: dict[tuple[str, str, str], int] = {}  # (source, tenant, medium) -> change
 
     def _row(self, tenant: str, medium: str, epoch: int | None) -> list[Any]:
         key = (tenant, medium, NO_EPOCH if epoch is None else epoch)
@@ -82,13 +90,19 @@ class TallyDelta:
             row = self.counts[key] = [0, 0, 0, 0, None, None]
         return row
 
-    def opened(self, tenant: str, medium: str, epoch: int | None) -> None:
+    def _source_open(self, source: str, tenant: str, medium: str, change: int) -> None:
+        key = (source, tenant, medium)
+        self.open_by_source[key] = self.open_by_source.get(key, 0) + change
+
+    def opened(self, source: str, tenant: str, medium: str, epoch: int | None) -> None:
+        self._source_open(source, tenant, medium, 1)
         row = self._row(tenant, medium, epoch)
         row[0] += 1
         row[2] += 1
 
-    def closed(self, tenant: str, medium: str, epoch: int | None, reason: str, stored_at: float, removed_at: float,
-               was_unknown: bool) -> None:
+    def closed(self, source: str, tenant: str, medium: str, epoch: int | None, reason: str, stored_at: float,
+               removed_at: float, was_unknown: bool) -> None:
+        self._source_open(source, tenant, medium, -1)
         row = self._row(tenant, medium, epoch)
         lifetime = removed_at - stored_at
         row[1] += 1
@@ -114,6 +128,8 @@ class TallyDelta:
             db.executemany(TALLY_UPSERT, [(*key, *row) for key, row in self.counts.items()])
         if self.closes:
             db.executemany(CLOSES_UPSERT, [(*key, count) for key, count in self.closes.items()])
+        if self.open_by_source:
+            db.executemany(OPEN_BY_SOURCE_UPSERT, [(*key, change) for key, change in self.open_by_source.items()])
         if self.lifetimes:
             db.executemany(LIFETIME_UPSERT, [(*key, int(count), high) for key, (count, high) in self.lifetimes.items()])
 
@@ -124,10 +140,15 @@ def install(db: sqlite3.Connection) -> None:
         db.execute("SELECT ceil(1.5)")
     except sqlite3.OperationalError:  # an SQLite built without its math functions
         db.create_function("ceil", 1, math.ceil, deterministic=True)
-    fresh = db.execute("SELECT name FROM sqlite_master WHERE name = 'ledger_tally'").fetchone() is None
+    missing = {name for name in ("ledger_tally", "ledger_open_by_source")
+               if db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (name,)).fetchone() is None}
     db.executescript(TALLY_SCHEMA)
-    if fresh and db.execute("SELECT 1 FROM ledger_blocks LIMIT 1").fetchone() is not None:
-        db.executescript(f"BEGIN IMMEDIATE; {BACKFILL} COMMIT;")
+    if not missing or db.execute("SELECT 1 FROM ledger_blocks LIMIT 1").fetchone() is None:
+        return
+    steps = [step for step in BACKFILL.split(";") if step.strip()]
+    wanted = [step for step in steps if ("ledger_open_by_source" in step) == (missing == {"ledger_open_by_source"})
+              or missing == {"ledger_tally", "ledger_open_by_source"}]
+    db.executescript("BEGIN IMMEDIATE; " + "; ".join(wanted) + "; COMMIT;")
 
 
 def summary(
@@ -199,11 +220,27 @@ def _open_ages(
         oldest[key] = max(oldest.get(key, 0.0), source_now - first)
         limit = limits.get(name)
         if limit is not None and source_now - first > limit:
-            count = db.execute("SELECT COUNT(*) FROM ledger_blocks WHERE removed_at IS NULL AND tenant = ? AND "
-                               "medium = ? AND source = ? AND stored_at < ?",
-                               (name, medium, source, source_now - limit)).fetchone()[0]
-            overdue[key] = overdue.get(key, 0) + count
+            overdue[key] = overdue.get(key, 0) + _count_overdue(db, name, medium, source, source_now - limit)
     return overdue, oldest
+
+
+PROBE = 10_000  # overdue blocks counted directly up to this many; past it, the young ones are counted instead
+OPEN_WHERE = "removed_at IS NULL AND tenant = ? AND medium = ? AND source = ?"
+
+
+def _count_overdue(db: sqlite3.Connection, tenant: str, medium: str, source: str, threshold: float) -> int:
+    """Open blocks stored before `threshold`, counting the smaller side of the index: SQLite counts a range
+    entry by entry, so when most open blocks are overdue, the open total minus the young ones is cheaper."""
+    params = (tenant, medium, source, threshold)
+    probed = db.execute(f"SELECT COUNT(*) FROM (SELECT 1 FROM ledger_blocks WHERE {OPEN_WHERE} AND stored_at < ? "  # noqa: S608
+                        f"LIMIT {PROBE})", params).fetchone()[0]
+    if probed < PROBE:
+        return int(probed)
+    young = db.execute(f"SELECT COUNT(*) FROM ledger_blocks WHERE {OPEN_WHERE} AND stored_at >= ?",  # noqa: S608
+                       params).fetchone()[0]
+    row = db.execute("SELECT open FROM ledger_open_by_source WHERE tenant = ? AND medium = ? AND source = ?",
+                     (tenant, medium, source)).fetchone()
+    return int((row[0] if row else 0) - young)
 
 
 def compact(db: sqlite3.Connection, before: float) -> int:

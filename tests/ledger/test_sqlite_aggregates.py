@@ -127,3 +127,20 @@ def test_percentiles_from_buckets_are_the_nearest_rank_within_a_second(tmp_path:
             await store.close()
 
     asyncio.run(scenario())
+
+
+def test_many_overdue_open_blocks_are_counted_from_the_young_side(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = await SqliteStore.open(tmp_path / "ledger.sqlite3")
+        try:
+            old: list[Op] = [OpenOp("GPU", index, None, "acme", 1, 1000.0 + index * 0.01) for index in range(10_050)]
+            young: list[Op] = [OpenOp("GPU", 10**6 + index, None, "acme", 1, NOW - 10.0) for index in range(5)]
+            await store.apply([BatchOps("p/0", 0, 1.0, "v", old), BatchOps("p/0", 1, 2.0, "v", young),
+                               BatchOps("p/0", 2, 3.0, "v", [CloseOp("GPU", 3, 1500.0)])])
+            scanned, summarised = await _reports(store)
+            assert summarised["tenants"]["acme"]["GPU"]["violations"]["age"] == 10_050  # 10,049 open + 1 closed
+            assert _comparable(summarised) == _comparable(scanned)
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())

@@ -71,9 +71,10 @@ CREATE TABLE IF NOT EXISTS ledger_salt_digests (
 
 OPEN_SQL = ("INSERT OR IGNORE INTO ledger_blocks (source, medium, hash, parent, tenant, epoch, stored_at, "
             "policy_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
-CLOSE_SQL = ("UPDATE ledger_blocks SET removed_at = ?, closed_by = 'removed' "
-             "WHERE source = ? AND medium = ? AND hash = ? AND removed_at IS NULL "
-             "RETURNING tenant, epoch, stored_at, unknown_since")
+CLOSE_MANY_SQL = ("UPDATE ledger_blocks SET removed_at = ?, closed_by = 'removed' "
+                  "WHERE source = ? AND removed_at IS NULL "
+                  "AND (medium, hash) IN (SELECT medium, hash FROM temp.ledger_closing) "
+                  "RETURNING tenant, medium, epoch, stored_at, unknown_since")
 CURSOR_SQL = ("INSERT INTO ledger_cursors (source, seq, ts) VALUES (?, ?, ?) ON CONFLICT (source) DO UPDATE "
               "SET seq = excluded.seq, ts = excluded.ts "
               "WHERE excluded.ts > ledger_cursors.ts "
@@ -113,6 +114,7 @@ class SqliteStore:
             if column not in present:
                 db.execute(f"ALTER TABLE ledger_blocks ADD COLUMN {column} {kind}")
         sqlite_tally.install(db)
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS ledger_closing (medium TEXT NOT NULL, hash NOT NULL)")
         self._db = db
 
     @property
@@ -172,19 +174,31 @@ class SqliteStore:
                     self._resume(batch, op)
 
     def _open(self, batch: BatchOps, ops: list[OpenOp]) -> None:
-        """One statement per block: a block already open (another replica's batch) is not counted twice."""
-        execute, opened = self.db.execute, self._delta.opened
-        for op in ops:
-            if execute(OPEN_SQL, _open_row(batch, op)).rowcount:
+        """A block already open (another replica's batch) is ignored and not counted: when fewer rows went in
+        than were offered, the rows this statement inserted are read back by rowid (new rows get higher ones)."""
+        before_changes = self.db.total_changes
+        last_rowid = self.db.execute("SELECT COALESCE(MAX(rowid), 0) FROM ledger_blocks").fetchone()[0]
+        self.db.executemany(OPEN_SQL, [_open_row(batch, op) for op in ops])
+        opened = self._delta.opened
+        if self.db.total_changes - before_changes == len(ops):
+            for op in ops:
                 opened(batch.source, op.tenant, op.medium, op.epoch)
+            return
+        for tenant, medium, epoch in self.db.execute(
+                "SELECT tenant, medium, epoch FROM ledger_blocks WHERE rowid > ?", (last_rowid,)):
+            opened(batch.source, tenant, medium, epoch)
 
     def _close(self, batch: BatchOps, ops: list[CloseOp]) -> None:
-        execute, closed = self.db.execute, self._delta.closed
-        for op in ops:
-            hit = execute(CLOSE_SQL, _close_row(batch, op)).fetchone()
-            if hit is not None:
-                tenant, epoch, stored_at, unknown_since = hit
-                closed(batch.source, tenant, op.medium, epoch, "removed", stored_at, op.removed_at,
+        """All removals of a batch in one statement (they share its time), through a temporary key table, so
+        the closed records come back with what the totals need."""
+        closed = self._delta.closed
+        for removed_at, group in groupby(ops, key=lambda op: op.removed_at):
+            self.db.executemany("INSERT INTO temp.ledger_closing VALUES (?, ?)",
+                                [(op.medium, to_sql(op.block_hash)) for op in group])
+            rows = self.db.execute(CLOSE_MANY_SQL, (removed_at, batch.source)).fetchall()
+            self.db.execute("DELETE FROM temp.ledger_closing")
+            for tenant, medium, epoch, stored_at, unknown_since in rows:
+                closed(batch.source, tenant, medium, epoch, "removed", stored_at, removed_at,
                        unknown_since is not None)
 
     def _silence(self, batch: BatchOps, op: SilenceOp) -> None:
@@ -318,10 +332,6 @@ class SqliteStore:
 def _open_row(batch: BatchOps, op: OpenOp) -> tuple[Any, ...]:
     return (batch.source, op.medium, to_sql(op.block_hash), to_sql(op.parent_hash), op.tenant, op.epoch,
             op.stored_at, batch.policy_version)
-
-
-def _close_row(batch: BatchOps, op: CloseOp) -> tuple[Any, ...]:
-    return (op.removed_at, batch.source, op.medium, to_sql(op.block_hash))
 
 
 def _stored_hash(value: int | bytes) -> HashValue:

@@ -45,7 +45,10 @@ def _batches() -> list[BatchOps]:
     return [BatchOps("p/0", 0, 1.0, "v", opens), BatchOps("p/0", 1, 2.0, "v", closes),
             BatchOps("p/0", CONTROL_SEQ, 3.0, "v", [ClearOp(("CPU",), 1300.0, 5000.0, "reset")]),
             BatchOps("p/0", CONTROL_SEQ, 4.0, "v", [SilenceOp(9000.0)]),
-            BatchOps("p/0", 2, 5.0, "v", [OpenOp("GPU", 999, None, "acme", 2, 9500.0)])]
+            BatchOps("p/0", 2, 5.0, "v", [OpenOp("GPU", 999, None, "acme", 2, 9500.0)]),
+            # Block 1 is still open: a second open of it (another replica's view) must not count twice.
+            BatchOps("p/0", 3, 6.0, "v", [OpenOp("GPU", 1, None, "globex", 1, 9600.0),
+                                          OpenOp("GPU", 1000, None, "globex", 1, 9600.0)])]
 
 
 async def _reports(store: SqliteStore) -> tuple[dict[str, Any], dict[str, Any]]:

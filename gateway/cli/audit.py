@@ -55,7 +55,11 @@ def run_audit(args: argparse.Namespace) -> int:
     if args.tenant is not None and args.tenant not in policies.tenants and args.tenant != "unattributed":
         print(f"unknown tenant {args.tenant!r}", file=sys.stderr)
         return 1
-    report = asyncio.run(_read_report(settings, policies, args.tenant, args.since))
+    try:
+        report = asyncio.run(_read_report(settings, policies, args.tenant, args.since))
+    except Exception as error:  # the store cannot be read: say so, exit 1, no traceback
+        print(f"the ledger store cannot be read: {error!r}"[:500], file=sys.stderr)
+        return 1
     sys.stdout.write(render(report, args.format))
     return 0
 

@@ -27,6 +27,7 @@ class GatewayMetrics:
         self._request_metrics(registry)
         self._shadow_metrics(registry)
         self._ledger_metrics(registry)
+        self._offload_metrics(registry)
         self.auth_failures = Counter(
             "kvgate_auth_failures", "Requests refused for a missing, malformed or unknown key, or a scope.",
             ["reason"], registry=registry)
@@ -42,6 +43,13 @@ class GatewayMetrics:
             for outcome in shadow_outcomes:
                 self.shadow_requests.labels(tenant, outcome)
             self.shadow_mismatches.labels(tenant)
+
+    def prime_admission(self, returning_tenants: Iterable[str]) -> None:
+        """Admission counters at 0 for tenants whose policy says `returning` (others never decide)."""
+        for tenant in returning_tenants:
+            for decision in ("returning", "new", "short"):
+                self.offload_admission.labels(tenant, decision)
+            self.offload_admission_errors.labels(tenant)
 
     def _request_metrics(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
@@ -73,6 +81,18 @@ class GatewayMetrics:
         self.shadow_mismatches = Counter(
             "kvgate_shadow_mismatches", "Deterministic pairs whose generated text differed.", ["tenant"],
             registry=registry)
+
+    def _offload_metrics(self, registry: CollectorRegistry) -> None:
+        self.offload_admission = Counter(
+            "kvgate_offload_admission", "Offload admission decisions (returning: stored up to the cap; new, short: "
+            "sent with max_offload_tokens 0).", ["tenant", "decision"], registry=registry)
+        self.offload_admission_errors = Counter(
+            "kvgate_offload_admission_errors", "Admission decisions taken by the local sketch because Redis did "
+            "not answer.", ["tenant"], registry=registry)
+        self.miss_path = Counter(
+            "kvgate_miss_path", "Retries after a failure before the first byte, by pool retried, action "
+            "(recompute_max_load_tokens, recompute_salt, else_pool) and result (ok, failed).",
+            ["tenant", "pool", "action", "result"], registry=registry)
 
     def _ledger_metrics(self, registry: CollectorRegistry) -> None:
         self.blocks_stored = Counter(

@@ -13,6 +13,7 @@ class Outcome(StrEnum):
     CLIENT_DISCONNECTED = "client_disconnected"
     UPSTREAM_FAILED_MID_STREAM = "upstream_failed_mid_stream"
     REFUSED = "refused"  # a GatewayError answered by the gateway itself; the log line also names the error class
+    MISS_PATH_EXHAUSTED = "miss_path_exhausted"  # every miss-path attempt failed; the client got the last failure
 
 
 class ShadowOutcome(StrEnum):

@@ -37,6 +37,8 @@ class Local(Enum):
     RELOAD = "reload"
     AUDIT = "audit"
     SHADOW = "shadow"
+    CANARY = "canary"
+    PLAN = "plan"
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ ROUTES: dict[str, RouteSpec] = dict(
         _route("/admin/reload", "POST", "admin", Kind.ADMIN, local=Local.RELOAD),
         _route("/admin/audit", "GET", "admin", Kind.ADMIN, local=Local.AUDIT),
         _route("/admin/shadow", "GET", "admin", Kind.ADMIN, local=Local.SHADOW),
+        _route("/admin/canary", "POST", "admin", Kind.ADMIN, local=Local.CANARY),
+        _route("/admin/plan", "GET", "admin", Kind.ADMIN, local=Local.PLAN),
         _route("/livez", "GET HEAD", None, Kind.HEALTH, local=Local.LIVEZ),
         _route("/readyz", "GET HEAD", None, Kind.HEALTH, local=Local.READYZ),
     ]

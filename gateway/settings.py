@@ -28,4 +28,10 @@ class Settings(BaseSettings):
     reload_interval_s: float = Field(default=1.0, gt=0)
     shadow_timeout_s: float = Field(default=120.0, gt=0)
     shadow_flush_interval_s: float = Field(default=0.5, gt=0)  # shadow results are written in batches this often
+    admission_sketch_width: int = Field(default=65536, ge=1, le=65536)  # counters per row (power of two)
     otel_metrics: bool = False  # also expose the OpenTelemetry GenAI metrics (gateway/proxy/otel_metrics.py)
+    reuse_trace: bool = True  # record the reuse trace (gateway/reuse/trace.py) for `kvgate plan`
+    reuse_block_tokens: int = Field(default=16, gt=0)  # tokens per fingerprint: the upstream's GPU block size
+    reuse_sample_rate: float = Field(default=1.0, gt=0, le=1)  # starting SHARDS rate of the reuse trace
+    reuse_max_roots: int = Field(default=20_000, gt=0)  # distinct sampled prefix roots per tenant
+    reuse_max_records: int = Field(default=50_000, gt=0)  # trace records kept per tenant

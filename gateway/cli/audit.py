@@ -72,9 +72,25 @@ def run_tenant(args: argparse.Namespace) -> int:
         print(str(error), file=sys.stderr)
         return 1
     print(f"{change.tenant}: cache.salt_epoch {change.old_epoch} -> {change.new_epoch} in {change.path}")
+    try:
+        erased = asyncio.run(erase_reuse_trace(Settings(), change.tenant))
+    except Exception as error:  # the epoch is raised; say plainly that the trace is not yet erased
+        print(f"could not erase the reuse trace of {change.tenant}: {type(error).__name__}: {error}; a running "
+              "gateway erases it when it reloads the policy", file=sys.stderr)
+        return 1
+    print(f"erased {erased} reuse-trace records of {change.tenant} (a running gateway also drops what it holds)")
     print("A running gateway reloads it within 2 s; blocks cached under earlier epochs can no longer be hit.")
     print(f"Watch them drain: kvgate audit --tenant {change.tenant}")
     return 0
+
+
+async def erase_reuse_trace(settings: Settings, tenant: str) -> int:
+    from gateway.reuse.store import trace_store_for
+
+    if not settings.redis_url and not settings.state_path.exists():
+        return 0
+    async with trace_store_for(settings.redis_url, settings.state_path) as store:
+        return await store.erase(tenant)
 
 
 def _load_policies(directory: Path) -> PolicySet | None:
@@ -138,6 +154,7 @@ def _table(report: dict[str, Any], rows: list[tuple[Any, ...]]) -> str:
               if view["drain"]["reasons"] and (view["resident"] == 0 or view["unknown"])]
     lines += [f"{tenant}: no longer in the policy set; judged against policy version {version}"
               for tenant, version in report.get("judged_against_last_policy", {}).items()]
+    lines += [f"pool {pool}: unobserved: {'; '.join(what)}" for pool, what in report.get("unobserved", {}).items()]
     return "\n".join(lines) + "\n"
 
 

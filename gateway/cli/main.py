@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gateway.connectors.capabilities import connector_warnings
 from gateway.keys import hash_key, new_key, policy_line
 from gateway.policy.loader import PolicyLoadError, load_policy_set, missing_credentials
 
@@ -35,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit(commands)
     _add_demo(commands)
     _add_loadtest(commands)
+    _add_canary(commands)
+    _add_doctor(commands)
+    _add_plan(commands)
     return parser
 
 
@@ -72,6 +76,8 @@ def _policy_check(args: argparse.Namespace) -> int:
         print(f"warning: pools.{pool}.api_key_env: ${variable} is not set here; `kvgate serve` refuses to start "
               "(and a reload is rejected) until it is", file=sys.stderr)
     print(f"ok: {len(policies.tenants)} tenants, {len(policies.gateway.pools)} pools, version {policies.version}")
+    for line in connector_warnings(policies):
+        print(f"warning: {line}", file=sys.stderr)
     return 0
 
 
@@ -139,6 +145,25 @@ def _add_loadtest(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     loadtest = commands.add_parser("loadtest", help=help_text)
     loadtest_cli.add_arguments(loadtest)
     loadtest.set_defaults(command=loadtest_cli.run)
+
+
+def _add_canary(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.cli import canary as canary_cli
+
+    canary_cli.add_arguments(commands.add_parser("canary", help="probe tenant isolation on every pool now"))
+
+
+def _add_doctor(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.cli import doctor
+
+    help_text = "what each upstream says: version, max_load_tokens, offload tier, kv_load_failure_policy"
+    doctor.add_arguments(commands.add_parser("doctor", help=help_text))
+
+
+def _add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.plan import cli as plan_cli
+
+    plan_cli.add_arguments(commands.add_parser("plan", help="how much RAM the CPU offload tier should get"))
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from gateway.errors import BadRequest, NotFound
 from gateway.http.admin import policies_view
 from gateway.http.wiring import State
 from gateway.isotime import parse_since
+from gateway.plan.admin import plan_view
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import RESERVED_TENANT
 from gateway.routes import Local, RouteSpec
@@ -53,7 +54,18 @@ async def _shadow(state: State, policies: PolicySet, scope: Scope) -> tuple[int,
 
 async def _audit(state: State, policies: PolicySet, scope: Scope) -> tuple[int, Any]:
     tenant, since = _audit_query(scope, policies)
-    return 200, await state.ledger.audit(policies, tenant, since)
+    report = await state.ledger.audit(policies, tenant, since)
+    return 200, {**report, "isolation_canary": state.canary.summary(policies)}
+
+
+async def _canary(state: State, policies: PolicySet, scope: Scope) -> tuple[int, Any]:
+    outcomes = [outcome for pool in _canary_pools(scope, policies)
+                for outcome in await state.canary.run_pool(policies, pool)]
+    return 200, {"outcomes": [outcome.view() for outcome in outcomes]}
+
+
+async def _plan(state: State, policies: PolicySet, scope: Scope) -> tuple[int, Any]:
+    return 200, await plan_view(state.reuse, policies, state.session, scope.get("query_string", b""))
 
 
 async def _reload(state: State, policies: PolicySet, scope: Scope) -> tuple[int, Any]:
@@ -66,7 +78,18 @@ ADMIN_HANDLERS: dict[Local, AdminHandler] = {
     Local.SHADOW: _shadow,
     Local.AUDIT: _audit,
     Local.RELOAD: _reload,
+    Local.CANARY: _canary,
+    Local.PLAN: _plan,
 }
+
+
+def _canary_pools(scope: Scope, policies: PolicySet) -> list[str]:
+    pool = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("pool", [None])[0]
+    if pool is None:
+        return sorted(policies.gateway.pools)
+    if pool not in policies.gateway.pools:
+        raise NotFound(f"No pool {pool!r}.", param="pool")
+    return [pool]
 
 
 def _recent_pairs(scope: Scope) -> int:

@@ -11,18 +11,25 @@ from pathlib import Path
 
 import aiohttp
 
+from gateway.canary.runner import CanaryRunner
 from gateway.ledger.feature import UserSaltFeature
 from gateway.ledger.service import LedgerService
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import ShadowOutcome
-from gateway.policy.loader import load_policy_set
+from gateway.policy.loader import PolicySet, load_policy_set
 from gateway.policy.reloader import PolicyHolder
 from gateway.proxy.balance import UpstreamHealth
 from gateway.proxy.features import Features, RequestFeature
 from gateway.proxy.forward import Proxy
+from gateway.proxy.misspath import MissPath
 from gateway.proxy.otel_metrics import OtelFeature, OtelGenAIMetrics
 from gateway.proxy.upstream import new_session
+from gateway.reuse.feature import AdmissionFeature
+from gateway.reuse.shared import Admission
+from gateway.reuse.store import open_trace_store
+from gateway.reuse.trace import ReuseTrace, TraceMetrics, TraceSettings
+from gateway.reuse.trace_feature import ReuseTraceFeature
 from gateway.settings import Settings
 from gateway.shadow.client import ShadowClient
 from gateway.shadow.feature import ShadowFeature
@@ -48,6 +55,8 @@ class State:
     shadow: ShadowRunner
     ledger: LedgerService
     storage: Storage
+    canary: CanaryRunner
+    reuse: ReuseTrace | None = None
     ready: bool = True
 
 
@@ -56,6 +65,8 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     holder = PolicyHolder(Path(settings.policies), policies, metrics, os.environ)
     metrics.prime(policies.tenants, ShadowOutcome)
     holder.listeners.append(lambda current: metrics.prime(current.tenants, ShadowOutcome))
+    metrics.prime_admission(returning_tenants(policies))
+    holder.listeners.append(lambda current: metrics.prime_admission(returning_tenants(current)))
     session = new_session(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
     tasks = TaskSupervisor("gateway")
     tasks.spawn(holder.watch(settings.reload_interval_s), "policy-watch")
@@ -63,21 +74,57 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     ledger = await LedgerService.open(settings, metrics, holder, tasks)
     health = UpstreamHealth()
     shadow = _shadow_runner(settings, metrics, health, tasks, await open_shadow_store(storage))
-    features = Features(request_features(ledger, shadow, genai))
+    admission = Admission.on(storage, secret, settings.admission_sketch_width)
+    reuse = await _reuse_trace(settings, secret, metrics, holder, tasks, storage)
+    features = Features(request_features(ledger, shadow, genai, AdmissionFeature(admission, metrics), reuse))
     log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants),
              features=[feature.name for feature in features.all])
-    proxy = Proxy(session, secret, health, features)
-    return State(holder, metrics, session, proxy, features, tasks, shadow, ledger, storage)
+    proxy = Proxy(session, secret, health, features, MissPath(session, secret, metrics, ledger.remember_user_salt))
+    canary = _canary(session, secret, metrics, holder, tasks)
+    return State(holder, metrics, session, proxy, features, tasks, shadow, ledger, storage, canary, reuse)
+
+
+def _canary(session: aiohttp.ClientSession, secret: bytes, metrics: GatewayMetrics, holder: PolicyHolder,
+            tasks: TaskSupervisor) -> CanaryRunner:
+    """The isolation canary: its counters primed per pool, its schedule owned by the gateway's supervisor."""
+    canary = CanaryRunner(session, secret, metrics.registry)
+    canary.prime(holder.current)
+    holder.listeners.append(canary.prime)
+    tasks.spawn(canary.schedule(lambda: holder.current), "isolation-canary")
+    return canary
 
 
 def request_features(
-    ledger: LedgerService, shadow: ShadowRunner, genai: OtelGenAIMetrics | None
+    ledger: LedgerService, shadow: ShadowRunner, genai: OtelGenAIMetrics | None,
+    admission: AdmissionFeature | None = None, reuse: ReuseTrace | None = None,
 ) -> list[RequestFeature]:
     """Every feature that hooks into a request, in the order they run."""
     features: list[RequestFeature] = [UserSaltFeature(ledger.remember_user_salt), ShadowFeature(shadow)]
+    if admission is not None:
+        features.append(admission)
     if genai is not None:
         features.append(OtelFeature(genai))
+    if reuse is not None:
+        features.append(ReuseTraceFeature(reuse))
     return features
+
+
+def returning_tenants(policies: PolicySet) -> list[str]:
+    return [name for name, tenant in policies.tenants.items() if tenant.offload.admission.mode == "returning"]
+
+
+async def _reuse_trace(settings: Settings, secret: bytes, metrics: GatewayMetrics, holder: PolicyHolder,
+                       tasks: TaskSupervisor, storage: Storage) -> ReuseTrace | None:
+    """The reuse trace behind `kvgate plan` (gateway/reuse/), unless KVGATE_REUSE_TRACE=false."""
+    if not settings.reuse_trace:
+        return None
+    store = await open_trace_store(storage, settings.reuse_max_records)
+    trace_settings = TraceSettings(block_tokens=settings.reuse_block_tokens, sample_rate=settings.reuse_sample_rate,
+                                   max_roots=settings.reuse_max_roots)
+    trace = ReuseTrace(store, secret, trace_settings, TraceMetrics(metrics.registry), lambda: holder.current)
+    holder.listeners.append(trace.on_policies)
+    tasks.spawn(trace.run(), "reuse-trace")
+    return trace
 
 
 def _shadow_runner(
@@ -93,6 +140,8 @@ async def stop(state: State) -> None:
     state.ready = False
     await state.ledger.close()
     await state.tasks.close()
+    if state.reuse is not None:
+        await state.reuse.close()
     await state.shadow.close()
     await state.session.close()
     await state.storage.close()

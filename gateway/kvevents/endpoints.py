@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.policy.model import GatewayConfig, KvEventSource
+from gateway.policy.model import GatewayConfig, KvEventSource, PoolConfig
 
 WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "[::]"})
 LOOPBACK = "127.0.0.1"
@@ -20,21 +20,24 @@ class SourceSpec:
     name: str
     endpoint: str
     replay: str | None  # None when it cannot be derived (no numeric port) and the policy names none
+    format: str = "vllm"  # the payload decoder (gateway/kvevents/formats/)
 
 
 def plan_sources(gateway: GatewayConfig) -> list[SourceSpec]:
     specs = []
     for pool_name, pool in gateway.pools.items():
         for index, entry in enumerate(pool.kv_events):
-            specs.append(_spec(f"{pool_name}/{index}", entry))
+            specs.append(_spec(f"{pool_name}/{index}", entry, pool))
     return specs
 
 
-def _spec(name: str, entry: str | KvEventSource) -> SourceSpec:
+def _spec(name: str, entry: str | KvEventSource, pool: PoolConfig) -> SourceSpec:
     endpoint = entry if isinstance(entry, str) else entry.endpoint
     replay = None if isinstance(entry, str) else entry.replay
+    named = None if isinstance(entry, str) else entry.format
     connect = connect_address(endpoint)
-    return SourceSpec(name, connect, connect_address(replay) if replay else next_port(connect))
+    event_format = named or ("lmcache" if pool.lmcache else "vllm")
+    return SourceSpec(name, connect, connect_address(replay) if replay else next_port(connect), event_format)
 
 
 def connect_address(endpoint: str) -> str:

@@ -22,10 +22,10 @@ import zmq
 import zmq.asyncio
 
 from gateway.kvevents.endpoints import SourceSpec
+from gateway.kvevents.formats.base import decoder_for
 from gateway.kvevents.sequence import Cursor, SequenceTracker, Verdict
 from gateway.kvevents.wire import (
     END_OF_REPLAY,
-    BatchDecoder,
     Envelope,
     EventBatch,
     WireError,
@@ -70,7 +70,7 @@ class Subscriber:
         self.timing = timing
         self.tracker = SequenceTracker(cursor)
         self._context = context
-        self._decoder = BatchDecoder()
+        self._decoder = decoder_for(spec.format)
         self._dealer: zmq.asyncio.Socket | None = None
         self._replay_answered = False
         self._replay_complete = False  # the last replay ended with its end marker

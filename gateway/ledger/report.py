@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.kvevents.endpoints import plan_sources
+from gateway.kvevents.formats.lmcache import UNOBSERVED
 from gateway.ledger.records import (
     CLOSING_REASONS,
     SOURCE_EVENT_KINDS,
@@ -102,11 +103,17 @@ def build_report(inputs: AuditInputs, policies: PolicySet, window: Window, tenan
         "policy_version": policies.version,
         "since": iso(window.since) if window.since is not None else None,
         "gaps": _gaps(policies, inputs),
+        # What the events of LMCache pools never report: such blocks stay resident here, never shown removed.
+        "unobserved": _unobserved(policies),
         "tenants": {name: _tenant_view(judges.get(name), tallies.get(name, {}), window, gap_reasons)
                     for name in names},
         "judged_against_last_policy": {name: judges[name].policy_version for name in names
                                        if name in judges and not judges[name].in_force},
     }
+
+
+def _unobserved(policies: PolicySet) -> dict[str, list[str]]:
+    return {name: list(UNOBSERVED) for name, pool in policies.gateway.pools.items() if pool.lmcache}
 
 
 def _judges(policies: PolicySet, last: dict[str, TenantPolicyRecord]) -> dict[str, Judge]:
@@ -242,6 +249,7 @@ def build_summary_report(
         "policy_version": policies.version,
         "since": None,
         "gaps": _gaps(policies, inputs),
+        "unobserved": _unobserved(policies),
         "tenants": {name: _tenant_view(judges.get(name), tallies.get(name, {}), window, gap_reasons)
                     for name in names},
         "judged_against_last_policy": {name: judges[name].policy_version for name in names

@@ -8,7 +8,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Scope = Literal["inference", "metrics", "admin"]
-Medium = Literal["GPU", "CPU", "STORAGE"]
+Medium = Literal["GPU", "CPU", "STORAGE", "DISK", "REMOTE"]
+# What a pool's vLLM servers offload through; decides what the gateway stamps into `kv_transfer_params`
+# (docs/lmcache.md). `offloading` is vLLM's native OffloadingConnector, today's behaviour.
+Connector = Literal["offloading", "lmcache", "lmcache-mp", "none"]
+LMCACHE_CONNECTORS: frozenset[str] = frozenset({"lmcache", "lmcache-mp"})
+EventFormat = Literal["vllm", "lmcache"]
 RESERVED_TENANT = "unattributed"
 TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -23,12 +28,35 @@ class Strict(BaseModel):
 class KvEventSource(Strict):
     endpoint: str
     replay: str | None = None
+    format: EventFormat | None = None  # None: by the pool's connector (lmcache pools: lmcache, else vllm)
+
+
+class CanaryPolicy(Strict):
+    """The isolation canary of one pool (gateway/canary/): off unless an interval is set."""
+
+    interval_s: float | None = Field(default=None, ge=60)
+    prefix_tokens: int = Field(default=1024, ge=256, le=32768)
+    model: str | None = None  # the model name to send; None asks the pool's /v1/models
+    # Wait between identity A's request and B's, for servers that store asynchronously (an LMCache server):
+    # B must not arrive before A's blocks have landed, or a pass proves nothing.
+    settle_s: float = Field(default=0.0, ge=0, le=30)
 
 
 class PoolConfig(Strict):
     upstreams: list[str] = Field(min_length=1)
     api_key_env: str | None = None
     kv_events: list[str | KvEventSource] = Field(default_factory=list)
+    connector: Connector = "offloading"
+    canary: CanaryPolicy = Field(default_factory=CanaryPolicy)
+
+    @property
+    def lmcache(self) -> bool:
+        return self.connector in LMCACHE_CONNECTORS
+
+    # How the miss path forces a recompute here: `max_load_tokens` (the server honours `max_load_tokens: 0`),
+    # `salt` (a one-time cache salt; works on any server), or `auto` (ask GET /version: salt unless the
+    # server is a version known to honour max_load_tokens).
+    recompute: Literal["auto", "max_load_tokens", "salt"] = "auto"
 
     @field_validator("upstreams")
     @classmethod
@@ -78,11 +106,27 @@ class CachePolicy(Strict):
     client_salt: Literal["reject", "replace"] = "reject"
 
 
+class AdmissionPolicy(Strict):
+    """`offload.admission`: `all` (default), `returning`, or an object with the mode and its knobs."""
+
+    mode: Literal["all", "returning"] = "all"
+    window_s: float = Field(default=3600.0, gt=0, le=30 * 86400)
+    min_seen: int = Field(default=1, ge=1, le=254)  # counters saturate at 255 (sum of two generations)
+    prefix_chunks: int = Field(default=4, ge=1, le=64)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_shorthand(cls, value: object) -> object:
+        return {"mode": value} if isinstance(value, str) else value
+
+
 class OffloadPolicy(Strict):
     max_load_tokens: int | None = Field(default=None, ge=0)
     max_offload_tokens: int | None = Field(default=None, ge=0)
     retention_seconds: float | None = Field(default=None, gt=0)
     allowed_media: list[Medium] = Field(default_factory=lambda: list(DEFAULT_MEDIA))
+    admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
+    miss_path: Literal["retry", "off"] = "off"  # retry a pre-first-byte failure with recompute, then else_pool
 
 
 class RolloutPolicy(Strict):

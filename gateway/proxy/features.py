@@ -1,7 +1,9 @@
 """Features that hook into a forwarded request, in one explicit, ordered list built by the composition root.
 
-A request passes three points, and each feature may act at any of them:
+A request passes these points, and each feature may act at any of them:
 
+0. `prepare` (async, optional) — at the same point as `start`, before it, for a feature that must wait on I/O to
+   decide (offload admission asks Redis). Only features that override it are awaited.
 1. `start` — after the body is rewritten and the pool chosen, before the body is encoded: a feature may edit the
    parsed request (offload admission, connector tags) or note what it needs (the ledger's per-user salts, the
    reuse trace's fingerprints). It may return a `Finish` to be called with the finished exchange.
@@ -60,6 +62,9 @@ class RequestFeature:
 
     name = "feature"
 
+    async def prepare(self, call: Call, request: dict[str, Any]) -> Finish | None:
+        return None
+
     def start(self, call: Call, request: dict[str, Any]) -> Finish | None:
         return None
 
@@ -75,6 +80,15 @@ class Features:
 
     def __init__(self, features: list[RequestFeature]) -> None:
         self.all = tuple(features)
+        self.preparing = tuple(f for f in features if type(f).prepare is not RequestFeature.prepare)
+
+    async def prepare(self, call: Call, request: dict[str, Any]) -> list[Finish]:
+        finishes: list[Finish] = []
+        for feature in self.preparing:
+            finish = await feature.prepare(call, request)
+            if finish is not None:
+                finishes.append(finish)
+        return finishes
 
     def start(self, call: Call, request: dict[str, Any]) -> list[Finish]:
         return [finish for feature in self.all if (finish := feature.start(call, request)) is not None]

@@ -23,13 +23,15 @@ from gateway.asgi.io import (
     send_body,
     start_message,
 )
-from gateway.errors import UnsupportedMediaType, openai_error_body
+from gateway.connectors.lmcache_tags import body_for_pool
+from gateway.errors import GatewayError, UnsupportedMediaType, openai_error_body
 from gateway.outcomes import Outcome
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import TenantPolicy
 from gateway.proxy.assemble import StreamAssembler
 from gateway.proxy.balance import UpstreamHealth
 from gateway.proxy.features import Call, Features, Finish, Outbound
+from gateway.proxy.misspath import Failure, MissPath, peek_stream
 from gateway.proxy.record import Exchange
 from gateway.proxy.rewrite import RewrittenRequest, parse_json_object, rewrite_request
 from gateway.proxy.rollout import choose_pool
@@ -42,11 +44,12 @@ STREAM_FAILURES = (aiohttp.ClientError, TimeoutError)
 
 class Proxy:
     def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, health: UpstreamHealth,
-                 features: Features) -> None:
+                 features: Features, miss_path: MissPath | None = None) -> None:
         self.session = session
         self.salt_secret = salt_secret
         self.health = health
         self.features = features
+        self.miss_path = miss_path
 
     async def forward(
         self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
@@ -76,12 +79,15 @@ class Proxy:
         pool = policies.gateway.pools[ex.pool]
         call = Call(ex.request_id, policies, tenant, route, ex.pool, pool, prepared)
         if prepared is not None:
+            finishes += await self.features.prepare(call, prepared.request)
             finishes += self.features.start(call, prepared.request)
         candidates = self.health.candidates(pool.upstreams, prepared.affinity if prepared else tenant.tenant)
         query = scope.get("query_string", b"")
         target = route.path + (f"?{query.decode('latin-1')}" if query else "")
         headers = upstream_headers(scope["headers"], policies.pool_auth(ex.pool), ex.request_id)
-        sent_body = (prepared.body if prepared is not None else body) if scope["method"] == "POST" else None
+        if prepared is not None:
+            body = body_for_pool(prepared.request, prepared.lmcache, pool) if pool.lmcache else prepared.body
+        sent_body = body if scope["method"] == "POST" else None
         return call, Outbound(scope["method"], candidates, target, headers, sent_body)
 
     async def _body(self, scope: Scope, receive: Receive, route: RouteSpec, policies: PolicySet) -> bytes:
@@ -103,6 +109,9 @@ class Proxy:
         return rewrite_request(body, route, tenant, self.salt_secret, user)
 
     async def _relay(self, ex: Exchange, call: Call, outbound: Outbound, send: Send) -> None:
+        if self.miss_path is not None and self.miss_path.applies(call):
+            await self._relay_with_miss_path(ex, call, outbound, self.miss_path, send)
+            return
         ex.sent_at = time.perf_counter()
         ex.overhead_s = ex.sent_at - ex.started
         with upstream_errors(ex.pool):
@@ -116,17 +125,128 @@ class Proxy:
             raise
         response.release()
 
-    async def _relay_response(
+    # -- the miss path (gateway/proxy/misspath.py) ------------------------------------------------
+
+    async def _relay_with_miss_path(
+        self, ex: Exchange, call: Call, outbound: Outbound, miss: MissPath, send: Send
+    ) -> None:
+        failure = await self._attempt(ex, call, outbound, send, first=True)
+        if failure is None:
+            return
+        trail: list[dict[str, str]] = [{"pool": ex.pool, "failure": failure.cause}]
+        ex.miss_path = trail
+        for number, pool_name in enumerate(miss.retry_pools(call), start=1):
+            ex.pool = pool_name
+            pool = call.policies.gateway.pools[pool_name]
+            prepared = call.prepared
+            assert prepared is not None
+            candidates = self.health.candidates(pool.upstreams, prepared.affinity)
+            retry, action = await miss.retry_outbound(call, outbound, candidates, pool_name,
+                                                      f"{ex.request_id}-retry{number}")
+            next_failure = await self._attempt(ex, call, retry, send)
+            miss.count(call, pool_name, action, next_failure is None)
+            entry = {"pool": pool_name, "action": action, "result": "ok" if next_failure is None else "failed"}
+            trail.append(entry if next_failure is None else {**entry, "failure": next_failure.cause})
+            if next_failure is None:
+                return
+            failure = next_failure
+        await self._deliver_failure(ex, call, failure, send)
+
+    async def _attempt(
+        self, ex: Exchange, call: Call, outbound: Outbound, send: Send, first: bool = False
+    ) -> Failure | None:
+        """Send once; relay the answer unless it failed before its first byte (then say how)."""
+        ex.sent_at = time.perf_counter()
+        if first:  # the gateway's own overhead is measured up to the first send; retries are upstream time
+            ex.overhead_s = ex.sent_at - ex.started
+        try:
+            with upstream_errors(ex.pool):
+                ex.upstream, response = await open_first_reachable(
+                    self.session, self.health, outbound.candidates, outbound.method, outbound.target,
+                    outbound.headers, outbound.body)
+        except GatewayError as error:
+            return Failure(_cause(error), error=error)
+        try:
+            failure = await self._screen(ex, call, response, send)
+        except BaseException:
+            response.close()
+            raise
+        if failure is not None:
+            response.close()
+        else:
+            response.release()
+        return failure
+
+    async def _screen(
         self, ex: Exchange, call: Call, response: aiohttp.ClientResponse, send: Send
+    ) -> Failure | None:
+        """A failure before the first byte, or None once the answer has been relayed."""
+        prepared = call.prepared
+        assert prepared is not None
+        content_type = response.headers.get("content-type", "application/json")
+        if response.status >= 500:
+            try:
+                with upstream_errors(ex.pool):
+                    body = await response.read()
+            except GatewayError as error:
+                return Failure(_cause(error), error=error)
+            return Failure(f"status_{response.status}", status=response.status, body=body, content_type=content_type)
+        preread: list[bytes] = []
+        if response.status == 200 and prepared.upstream_stream and call.route.stream is StreamStyle.CHUNKS:
+            try:
+                with upstream_errors(ex.pool):
+                    peeked = await peek_stream(response)
+            except GatewayError as error:
+                return Failure(_cause(error), error=error)
+            if peeked.error_first:
+                return Failure("error_event", chunks=peeked.chunks, content_type=content_type)
+            preread = peeked.chunks
+        whole_before_sending = not prepared.upstream_stream or prepared.assemble
+        try:
+            await self._relay_response(ex, call, response, send, preread)
+        except GatewayError as error:
+            if not whole_before_sending:
+                raise
+            return Failure(_cause(error), error=error)  # nothing was sent: the body is read before replying
+        return None
+
+    async def _deliver_failure(self, ex: Exchange, call: Call, failure: Failure, send: Send) -> None:
+        """Every attempt failed: the client gets the last failure as it would have without the miss path."""
+        if failure.error is not None:
+            raise failure.error
+        ex.outcome = Outcome.MISS_PATH_EXHAUSTED
+        prepared = call.prepared
+        headers = [(b"x-request-id", ex.request_id.encode()), (b"x-kvgate-pool", ex.pool.encode())]
+        if not failure.chunks:
+            ex.status = failure.status
+            await send_body(send, failure.status, failure.body,
+                            [(b"content-type", failure.content_type.encode("latin-1")), *headers])
+            return
+        if prepared is not None and prepared.assemble:
+            assembler = StreamAssembler(chat=call.route.chat)
+            for chunk in failure.chunks:
+                assembler.feed(chunk)
+            ex.status, body = assembler.result()
+            await send_body(send, ex.status, msgspec.json.encode(body), [(b"content-type", JSON_TYPE), *headers])
+            return
+        ex.status = 200
+        await send(start_message(200, [(b"content-type", failure.content_type.encode("latin-1")), *headers]))
+        await send({"type": "http.response.body", "body": b"".join(failure.chunks), "more_body": False})
+
+    # -- relaying an answer -----------------------------------------------------------------------
+
+    async def _relay_response(
+        self, ex: Exchange, call: Call, response: aiohttp.ClientResponse, send: Send,
+        preread: list[bytes] | None = None,
     ) -> None:
         ex.status = response.status
         route, prepared = call.route, call.prepared
         if response.status != 200 or prepared is None or not prepared.upstream_stream:
             await self._relay_whole(ex, route, response, send)
         elif prepared.assemble:
-            await self._relay_assembled(ex, route, response, send)
+            await self._relay_assembled(ex, route, response, send, preread or [])
         else:
-            await self._relay_stream(ex, route, prepared, response, send)
+            await self._relay_stream(ex, route, prepared, response, send, preread or [])
 
     def _headers(self, ex: Exchange, response: aiohttp.ClientResponse, received: float) -> list[tuple[bytes, bytes]]:
         ex.overhead_s += time.perf_counter() - received
@@ -150,11 +270,13 @@ class Proxy:
 
     async def _relay_stream(
         self, ex: Exchange, route: RouteSpec, prepared: RewrittenRequest, response: aiohttp.ClientResponse,
-        send: Send,
+        send: Send, preread: list[bytes],
     ) -> None:
         await send(start_message(200, self._headers(ex, response, time.perf_counter())))
         watch = StreamWatch(prepared.strip_usage)
         try:
+            for chunk in preread:  # held back by the miss path until the stream showed content
+                await self._pass_chunk(ex, watch, chunk, send)
             async for chunk in response.content.iter_any():
                 forward, first = watch.feed(chunk)
                 if first:
@@ -170,11 +292,26 @@ class Proxy:
         ex.usage = watch.usage
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
+    async def _pass_chunk(self, ex: Exchange, watch: StreamWatch, chunk: bytes, send: Send) -> None:
+        forward, first = watch.feed(chunk)
+        if first:
+            ex.ttft_s = time.perf_counter() - ex.started
+        if forward:
+            await send({"type": "http.response.body", "body": forward, "more_body": True})
+        if ex.capture is not None:
+            ex.capture += chunk
+
     async def _relay_assembled(
-        self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send
+        self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send, preread: list[bytes]
     ) -> None:
         watch = StreamWatch(strip_usage=False)
         assembler = StreamAssembler(chat=route.chat)
+        for chunk in preread:
+            if watch.feed(chunk)[1]:
+                ex.ttft_s = time.perf_counter() - ex.started
+            assembler.feed(chunk)
+            if ex.capture is not None:
+                ex.capture += chunk
         with upstream_errors(ex.pool):
             async for chunk in response.content.iter_any():
                 if watch.feed(chunk)[1]:
@@ -188,6 +325,11 @@ class Proxy:
         ex.status = status
         headers = [(b"content-type", JSON_TYPE), *self._headers(ex, response, received)[1:]]
         await send_body(send, status, msgspec.json.encode(body), headers)
+
+
+def _cause(error: GatewayError) -> str:
+    """The underlying failure's name (ClientConnectorError, ServerDisconnectedError, TimeoutError, ...)."""
+    return type(error.__cause__).__name__ if error.__cause__ is not None else type(error).__name__
 
 
 def stream_error_event(route: RouteSpec, message: str) -> bytes:

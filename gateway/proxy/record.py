@@ -34,6 +34,8 @@ class Exchange:
     sent_at: float = 0.0  # when the upstream request left (perf_counter)
     model: str | None = None  # `model` of the rewritten request body (GenAI metrics)
     capture: bytearray | None = None  # the primary's reply bytes, kept only for shadowed requests
+    admission: str | None = None  # the offload admission decision (returning, new, short), when the tenant has one
+    miss_path: list[dict[str, str]] | None = None  # the first failure and each retry, when the miss path ran
 
 
 def record(metrics: GatewayMetrics, exchange: Exchange) -> None:
@@ -73,7 +75,18 @@ def _log_line(exchange: Exchange) -> None:
         prompt_tokens=usage.prompt_tokens if usage else None,
         cached_tokens=usage.cached_tokens if usage else None,
         policy_version=exchange.policy_version or None,
+        **_optional(exchange),
     )
+
+
+def _optional(exchange: Exchange) -> dict[str, object]:
+    """Fields that only some requests have, left out of the others' log lines."""
+    fields: dict[str, object] = {}
+    if exchange.admission is not None:
+        fields["admission"] = exchange.admission
+    if exchange.miss_path is not None:
+        fields["miss_path"] = exchange.miss_path
+    return fields
 
 
 def _ms(seconds: float | None) -> float | None:

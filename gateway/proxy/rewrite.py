@@ -6,10 +6,12 @@ Only the fields named here change; every other field of the client's JSON is for
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 import msgspec
 
+from gateway.connectors.lmcache_tags import lmcache_params
 from gateway.errors import BadRequest
 from gateway.policy.model import OffloadPolicy, TenantPolicy
 from gateway.routes import Kind, RouteSpec, StreamStyle
@@ -29,6 +31,8 @@ class RewrittenRequest:
     user: str | None
     deterministic: bool
     affinity: str  # salt and the start of the prompt: requests sharing both can share cached blocks
+    # `lmcache.*` entries for pools whose connector is LMCache (the tenant tag, skip_save); added per pool
+    lmcache: dict[str, Any] = dataclass_field(default_factory=dict)
 
     @property
     def body(self) -> bytes:
@@ -72,7 +76,13 @@ def rewrite_request(
         user=user,
         deterministic=_deterministic(request),
         affinity=f"{request.get('cache_salt', tenant.tenant)}:{prompt_prefix(request)}",
+        lmcache=_lmcache(request, tenant, secret) if kind is Kind.GENERATE else {},
     )
+
+
+def _lmcache(request: dict[str, Any], tenant: TenantPolicy, secret: bytes) -> dict[str, Any]:
+    sent = request.get("kv_transfer_params")
+    return lmcache_params(secret, request.get("cache_salt"), tenant.offload, sent if isinstance(sent, dict) else {})
 
 
 AFFINITY_CHARS = 256

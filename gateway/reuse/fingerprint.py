@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,72 +39,138 @@ class PromptShape:
     units: int  # tokens for token prompts, characters for text prompts
 
 
+@dataclass(frozen=True)
+class PromptParts:
+    """A prompt without copying it: the request's own token-id list, or the pieces of the canonical string."""
+
+    ids: list[int] | None
+    texts: tuple[str, ...] = ()
+
+    @property
+    def units(self) -> int:
+        """Tokens, or characters of the canonical string."""
+        return len(self.ids) if self.ids is not None else sum(map(len, self.texts))
+
+    def head(self, units: int) -> str | list[int]:
+        """The first `units` tokens or characters."""
+        if self.ids is not None:
+            return self.ids[:units]
+        pieces: list[str] = []
+        length = 0
+        for text in self.texts:
+            pieces.append(text)
+            length += len(text)
+            if length >= units:
+                break
+        return "".join(pieces)[:units]
+
+    def whole(self) -> str | list[int]:
+        return self.ids if self.ids is not None else "".join(self.texts)
+
+
 def canonical_prompt(request: dict[str, Any]) -> str | list[int] | None:
     """The prompt of a generation request as token ids (when the client sent ids) or one canonical string."""
+    parts = canonical_parts(request)
+    return parts.whole() if parts is not None else None
+
+
+def canonical_parts(request: dict[str, Any]) -> PromptParts | None:
+    """`canonical_prompt` in pieces, at the cost of a few references: the request path renders nothing."""
     if "messages" in request:
-        return _render_messages(request["messages"])
+        return _message_parts(request["messages"])
     for field in ("prompt", "input"):
         if field in request:
-            return _render_prompt(request[field])
+            return _prompt_parts(request[field])
     return None
 
 
 def fingerprints(key: bytes, prompt: str | list[int], block_size: int, chars_per_token: float) -> list[bytes]:
     """The chained fingerprints of every whole chunk of the prompt (a partial last chunk is not cached by vLLM)."""
+    return _chain(key, prompt_chunks(prompt, block_size, chars_per_token, MAX_CHUNKS))
+
+
+def chunk_units(prompt: str | list[int], block_size: int, chars_per_token: float) -> int:
+    """Tokens (token-id prompts) or characters (text prompts) per chunk."""
+    return block_size if isinstance(prompt, list) else max(1, round(block_size * chars_per_token))
+
+
+def prompt_chunks(prompt: str | list[int], block_size: int, chars_per_token: float, limit: int) -> list[bytes]:
+    """The bytes of the first `limit` whole chunks: what each fingerprint covers."""
+    size = chunk_units(prompt, block_size, chars_per_token)
     if isinstance(prompt, list):
-        return _chain(key, _token_chunks(prompt, block_size))
-    chunk_chars = max(1, round(block_size * chars_per_token))
-    return _chain(key, _text_chunks(prompt, chunk_chars))
+        return _token_chunks(prompt, size, limit)
+    return _text_chunks(prompt, size, limit)
 
 
 def _chain(key: bytes, chunks: Sequence[bytes]) -> list[bytes]:
+    # A keyed BLAKE2b state is set up once and copied per chunk: the same digests as hashing each
+    # `previous + chunk` with the key, without redoing the key block for every chunk.
+    keyed = hashlib.blake2b(digest_size=FINGERPRINT_BYTES, key=key[:64])
     out: list[bytes] = []
     previous = b""
-    for chunk in chunks[:MAX_CHUNKS]:
-        previous = hashlib.blake2b(previous + chunk, digest_size=FINGERPRINT_BYTES, key=key[:64]).digest()
+    for chunk in chunks:
+        state = keyed.copy()
+        state.update(previous)
+        state.update(chunk)
+        previous = state.digest()
         out.append(previous)
     return out
 
 
-def _token_chunks(tokens: list[int], block_size: int) -> list[bytes]:
-    whole = len(tokens) // block_size
-    return [_ids_bytes(tokens[i * block_size : (i + 1) * block_size]) for i in range(whole)]
+def _token_chunks(tokens: list[int], block_size: int, limit: int) -> list[bytes]:
+    whole = min(len(tokens) // block_size, limit)
+    data = _ids_bytes(tokens[: whole * block_size])
+    width = len(data) // max(whole * block_size, 1)
+    step = block_size * width
+    return [data[i * step : (i + 1) * step] for i in range(whole)]
 
 
 def _ids_bytes(ids: list[int]) -> bytes:
-    return b"".join(int(token).to_bytes(4, "little", signed=False) for token in ids)
+    """Token ids as 4-byte little-endian words (8 bytes each when any id needs more than 32 bits; an item that is
+    not a token id at all becomes 2**64 - 1, so it matches nothing a real prompt has)."""
+    try:
+        return struct.pack(f"<{len(ids)}I", *ids)
+    except struct.error:
+        return struct.pack(f"<{len(ids)}Q", *[_id_word(item) for item in ids])
 
 
-def _text_chunks(text: str, chunk_chars: int) -> list[bytes]:
-    whole = len(text) // chunk_chars
+def _id_word(item: object) -> int:
+    return item if type(item) is int and 0 <= item < 2**64 else 2**64 - 1
+
+
+def _text_chunks(text: str, chunk_chars: int, limit: int) -> list[bytes]:
+    whole = min(len(text) // chunk_chars, limit)
+    if text.isascii():  # one byte per character: encode once and slice
+        data = text.encode("ascii")
+        return [data[i * chunk_chars : (i + 1) * chunk_chars] for i in range(whole)]
     return [text[i * chunk_chars : (i + 1) * chunk_chars].encode("utf-8", "surrogatepass") for i in range(whole)]
 
 
-def _render_prompt(value: object) -> str | list[int] | None:
+def _prompt_parts(value: object) -> PromptParts | None:
     if isinstance(value, str):
-        return value
-    if isinstance(value, list) and value and all(type(item) is int and item >= 0 for item in value):
-        return list(value)
-    if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
-        first: str = value[0]
-        return first  # a batch: vLLM caches each prompt on its own; the first stands for the request
+        return PromptParts(None, (value,))
+    if isinstance(value, list) and value and type(value[0]) is int:
+        return PromptParts(value)  # ids are checked when encoded (an id that is not one gets a sentinel value)
+    if isinstance(value, list) and value and isinstance(value[0], str):
+        return PromptParts(None, (value[0],))  # a batch: vLLM caches each prompt on its own; the first stands for it
     if isinstance(value, list):
-        return _render_messages(value)
+        return _message_parts(value)
     return None
 
 
-def _render_messages(messages: object) -> str | None:
+def _message_parts(messages: object) -> PromptParts | None:
     if not isinstance(messages, list):
         return None
-    parts = [_render_message(message) for message in messages]
-    return _RECORD_SEPARATOR.join(parts)
-
-
-def _render_message(message: object) -> str:
-    if not isinstance(message, dict):
-        return _UNIT_SEPARATOR
-    role = message.get("role")
-    return f"{role if isinstance(role, str) else ''}{_UNIT_SEPARATOR}{_content_text(message.get('content'))}"
+    texts: list[str] = []
+    for index, message in enumerate(messages):
+        if index:
+            texts.append(_RECORD_SEPARATOR)
+        if not isinstance(message, dict):
+            texts.append(_UNIT_SEPARATOR)
+            continue
+        role = message.get("role")
+        texts += [role if isinstance(role, str) else "", _UNIT_SEPARATOR, _content_text(message.get("content"))]
+    return PromptParts(None, tuple(texts))
 
 
 def _content_text(content: object) -> str:

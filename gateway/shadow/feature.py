@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from gateway.connectors.lmcache_tags import body_for_pool
 from gateway.outcomes import Outcome
 from gateway.proxy.features import Call, Finish, Outbound, RequestFeature
 from gateway.proxy.record import Exchange
@@ -26,9 +27,13 @@ class ShadowFeature(RequestFeature):
         if not self.runner.sampled(call.tenant, ex.request_id, ex.pool):
             return None
         shadow_id = f"{ex.request_id}-shadow"
+        body = outbound.body
+        shadow_pool = call.policies.gateway.pools.get(call.tenant.shadow.pool or "")
+        if shadow_pool is not None and (shadow_pool.lmcache or call.pool.lmcache):
+            body = body_for_pool(prepared.request, prepared.lmcache, shadow_pool)  # the tag only where LMCache runs
         mirrored = ShadowCall(tenant=call.tenant.tenant, primary_pool=ex.pool, path=call.route.path,
                               request_id=shadow_id, headers={**outbound.headers, "x-request-id": shadow_id},
-                              body=outbound.body, streamed=prepared.upstream_stream,
+                              body=body, streamed=prepared.upstream_stream,
                               deterministic=prepared.deterministic, affinity=prepared.affinity)
         slot = self.runner.mirror(call.policies, call.tenant, mirrored)
         if slot is None:

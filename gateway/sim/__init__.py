@@ -1,7 +1,8 @@
 """`kvgate sim`: a simulated vLLM server for tests, the demo and benchmarks.
 
 It imitates one vLLM OpenAI-compatible server as captured in `tests/fixtures/vllm-0.25.0/` (formats, errors,
-metrics, KV events), with the vLLM 0.33 rules for `max_load_tokens` / `max_offload_tokens` and the 0.32+
+metrics, KV events), with the vLLM 0.33 rules for `max_load_tokens` / `max_offload_tokens` (or, with
+`--ignore-max-load-tokens`, 0.25.0's, which never reads `max_load_tokens`) and the 0.32+
 `vllm:prompt_tokens_cached_by_source_total` family. Modules, one concern each:
 
 - `tokenizer`: byte-level tokenizer and chat template; `hashing`: salted block-hash chains;
@@ -26,6 +27,7 @@ Test seams (not part of vLLM; unauthenticated like every path outside /v1, /v2, 
   handed to the publisher so far: every batch of a request that has been answered has a seq below it).
 - `GET /kv_event_sources` (as vLLM): the KV-event endpoints.
 - Fault directives inside the prompt text or the last user message: `[[sim:status=500]]`,
-  `[[sim:drop-after=N]]`, `[[sim:error-after=N]]`, `[[sim:hang]]`, `[[sim:delay-ms=N]]` (see `directives`).
+  `[[sim:drop-after=N]]`, `[[sim:error-after=N]]`, `[[sim:hang]]`, `[[sim:delay-ms=N]]`,
+  `[[sim:fail-load]]` (see `directives`); `--fail-loads RATE` and `--load-failure-policy` (see `engine`).
 - A client that disconnects stops its request's generation; the record's outcome becomes `aborted`.
 """

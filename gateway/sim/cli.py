@@ -32,6 +32,8 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="vLLM API key (repeatable; guards only /v1, /v2, /inference, /cohere paths); "
                             "default: the VLLM_API_KEY environment variable, else none")
     group.add_argument("--seed", type=int, default=SimConfig.seed, help="seed of random generation")
+    group.add_argument("--vllm-version", default=SimConfig.vllm_version,
+                       help="version GET /version reports (default %(default)s)")
     group.add_argument("--max-model-len", type=int, default=SimConfig.max_model_len)
     group.add_argument("--max-tokens-default", type=int, default=SimConfig.max_tokens_default,
                        help="max_tokens when a request sets none (default %(default)s)")
@@ -40,6 +42,8 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--record-limit", type=int, default=SimConfig.record_limit,
                        help="requests kept for GET /sim/requests (default %(default)s)")
     group.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
+    group.add_argument("--server-dev-mode", action="store_true",
+                       help="serve GET /server_info as vLLM does with VLLM_SERVER_DEV_MODE=1 (config as JSON)")
     group.add_argument("--corrupt-output", action="store_true",
                        help="deliberately wrong arm: deterministic requests get different text")
 
@@ -69,6 +73,28 @@ def _offload_arguments(parser: argparse.ArgumentParser) -> None:
                        help="KV bytes per token of the simulated model (default: Qwen3-8B, %(default)s)")
     group.add_argument("--load-us-per-token", type=float, default=SimConfig.load_us_per_token,
                        help="cost of a token loaded from (or stored to) the CPU tier (default %(default)s)")
+    group.add_argument("--ignore-max-load-tokens", action="store_true",
+                       help="load the whole CPU hit whatever max_load_tokens says, as vLLM 0.25.0 does")
+    group.add_argument("--fail-loads", type=float, default=SimConfig.fail_loads, metavar="RATE",
+                       help="share of CPU-tier loads that fail, 0..1 (default %(default)s; [[sim:fail-load]] "
+                            "fails one request's load)")
+    group.add_argument("--load-failure-policy", choices=("fail", "recompute"),
+                       default=SimConfig.load_failure_policy,
+                       help="vLLM's kv_load_failure_policy: fail = the request errors before its first token; "
+                            "recompute = the failed tokens are prefilled instead (default %(default)s)")
+
+
+def _lmcache_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("LMCache in-process mode (LMCacheConnectorV1); see docs/lmcache.md")
+    group.add_argument("--lmcache", action="store_true", help="an LMCache tier instead of --offload")
+    group.add_argument("--lmcache-chunk-size", type=int, default=SimConfig.lmcache_chunk_size,
+                       help="tokens per LMCache chunk (default %(default)s)")
+    group.add_argument("--lmcache-chunks", type=int, default=SimConfig.lmcache_chunks,
+                       help="chunks the tier holds before evicting silently (default %(default)s)")
+    group.add_argument("--lmcache-ignore-salt", action="store_true",
+                       help="leave cache_salt out of the cache identity, like the versions with that defect")
+    group.add_argument("--lmcache-medium", default=SimConfig.lmcache_medium,
+                       help="medium name on LMCache's KV events: cpu, disk, remote, ... (default %(default)s)")
 
 
 def _event_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,7 +115,8 @@ def _event_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the `kvgate sim` flags on `parser`."""
-    for register in (_server_arguments, _cache_arguments, _offload_arguments, _event_arguments):
+    for register in (_server_arguments, _cache_arguments, _offload_arguments, _lmcache_arguments,
+                     _event_arguments):
         register(parser)
 
 

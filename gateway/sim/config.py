@@ -32,12 +32,22 @@ class SimConfig:
     offload_block_size: int = 64
     kv_bytes_per_token: int = QWEN3_8B_KV_BYTES_PER_TOKEN
     load_us_per_token: float = 4.0
+    vllm_version: str = "0.25.0"  # what GET /version and system_fingerprint report
+    ignore_max_load_tokens: bool = False  # as vLLM 0.25.0's offloading scheduler, which never reads it
+    fail_loads: float = 0.0  # share of CPU-tier loads that fail (seeded by --seed)
+    load_failure_policy: str = "fail"  # vLLM's kv_load_failure_policy: fail | recompute
+    server_dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: GET /server_info shows the engine config
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
     kv_events_topic: str = ""
     kv_events_buffer_steps: int = 10000
     kv_events_hwm: int = 100_000  # vLLM's KVEventsConfig.hwm: PUB high-water mark, in messages
     self_describing_kv_events: bool = False
+    lmcache: bool = False
+    lmcache_chunk_size: int = 256
+    lmcache_chunks: int = 4096
+    lmcache_ignore_salt: bool = False
+    lmcache_medium: str = "cpu"
     replay_without_topic: bool = False
     corrupt_output: bool = False
     enable_request_id_headers: bool = False
@@ -53,7 +63,13 @@ class SimConfig:
         found = [f"{name} must be positive" for name in _POSITIVE if getattr(self, name) <= 0]
         if self.block_size > 0 and self.offload_block_size % self.block_size:
             found.append("offload_block_size must be a multiple of block_size")
+        if self.offload and self.lmcache:
+            found.append("--offload and --lmcache are two KV connectors; a server has one")
         found += [f"{name} must not be negative" for name in _NON_NEGATIVE if getattr(self, name) < 0]
+        if not 0.0 <= self.fail_loads <= 1.0:
+            found.append("fail_loads must be between 0 and 1")
+        if self.load_failure_policy not in ("fail", "recompute"):
+            found.append("load_failure_policy must be fail or recompute")
         return found
 
     @property
@@ -82,6 +98,7 @@ class SimConfig:
 
 
 _POSITIVE = ("port", "block_size", "gpu_blocks", "max_model_len", "max_tokens_default", "offload_block_size",
-             "kv_bytes_per_token", "kv_events_buffer_steps", "kv_events_hwm", "record_limit")
+             "kv_bytes_per_token", "kv_events_buffer_steps", "kv_events_hwm", "record_limit", "lmcache_chunk_size",
+             "lmcache_chunks")
 _NON_NEGATIVE = ("base_ttft_ms", "prefill_us_per_token", "cached_us_per_token", "decode_ms_per_token",
                  "load_us_per_token", "cpu_bytes_to_use")

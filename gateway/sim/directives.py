@@ -7,7 +7,9 @@
 - `[[sim:hang]]`             never answer, not even headers; the request ends when the client goes away
                              (recorded as aborted);
 - `[[sim:delay-ms=N]]`       wait N ms before the request enters the engine (after a stream's headers; not
-                             counted as queueing, but part of the TTFT).
+                             counted as queueing, but part of the TTFT);
+- `[[sim:fail-load]]`        if the request needs a CPU-tier load, that load fails (what follows depends on
+                             `--load-failure-policy`, see `engine`).
 
 The directive text stays part of the prompt (it is tokenized like any text). Unknown or malformed directives
 are ignored.
@@ -28,6 +30,7 @@ class Directives:
     error_after: int | None = None
     hang: bool = False
     delay_ms: int = 0
+    fail_load: bool = False
 
 
 NO_DIRECTIVES = Directives()
@@ -46,6 +49,7 @@ def parse_directives(text: str) -> Directives:
         error_after=values.get("error-after"),
         hang="hang" in values,
         delay_ms=values.get("delay-ms") or 0,
+        fail_load="fail-load" in values,
     )
 
 

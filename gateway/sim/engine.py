@@ -12,11 +12,21 @@ and prefills are serialised, so TTFT grows with load. Decoding is concurrent: ea
 `decode_ms_per_token`. When a request ends (or is aborted), the full blocks its generated tokens filled are
 cached too, and its blocks are released tail first. The simulator never preempts or waits for KV space: a
 prompt that does not fit leaves its tail uncached.
+
+A CPU-tier load can be made to fail (`--fail-loads RATE`, or `[[sim:fail-load]]` in the prompt), as vLLM's
+`kv_load_failure_policy` describes: with `fail` the request ends after its planned prefill time without a token
+(the blocks it was filling are dropped from the GPU cache, with removal events) and the client gets vLLM's
+error -- a 500 body, or for a stream, whose headers vLLM sends before the engine runs, an error event and
+`[DONE]`; with `recompute` the failed tokens are prefilled instead (no load is counted, the bad chunks leave the
+CPU tier and are stored again after prefill). Either way `load_failures` in /sim/state counts it.
+With `--ignore-max-load-tokens` the lookup loads the whole CPU hit whatever `max_load_tokens` says, as vLLM
+0.25.0 does (measured on the H200: tests/fixtures/vllm-0.25.0/kv-transfer-params/steps.json).
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,6 +36,7 @@ from gateway.sim.config import SimConfig
 from gateway.sim.gpu_cache import Acquired, PrefixCache
 from gateway.sim.hashing import chain_hashes
 from gateway.sim.kv_events import Event, EventSink
+from gateway.sim.lmcache import LMCacheConnector
 from gateway.sim.metrics import FinishStats, PrefillStats, SimMetrics
 from gateway.sim.offload import OffloadConnector
 from gateway.sim.protocol import GenRequest
@@ -44,7 +55,9 @@ class Run:
     prefill_s: float = 0.0
     first_token_at: float | None = None
     taken: Acquired = field(default_factory=Acquired)
+    new_blocks: list[int] = field(default_factory=list)  # blocks this request fills (not GPU hits)
     pending: list[Event] = field(default_factory=list)
+    load_failed: bool = False  # a CPU-tier load failed under the `fail` policy: no token will come
 
     @property
     def cached_tokens(self) -> int:
@@ -53,6 +66,10 @@ class Run:
     @property
     def prompt_len(self) -> int:
         return len(self.request.prompt)
+
+
+class LoadFailed(Exception):
+    """The request's CPU-tier load failed and the server's kv_load_failure_policy is `fail`."""
 
 
 class Engine:
@@ -66,8 +83,11 @@ class Engine:
         self.offload = (
             OffloadConnector(config, metrics.offload, sink.enabled) if metrics.offload is not None else None
         )
+        self.lmcache = LMCacheConnector(config, sink.enabled) if config.lmcache else None
         self.waiting = 0
         self.running = 0
+        self.load_failures = 0
+        self._rng = random.Random(config.seed)
         self._lock = asyncio.Lock()
 
     async def prefill(self, request: GenRequest, arrival: float) -> Run:
@@ -79,6 +99,8 @@ class Engine:
             await self._compute(run)
         finally:
             self._lock.release()
+        if run.load_failed:
+            raise LoadFailed("KV cache load failed")
         return run
 
     def finish(self, run: Run, output: Sequence[int], reason: str) -> None:
@@ -98,6 +120,8 @@ class Engine:
             self.sink.publish([kv_events.all_cleared()])
         if reset_external and self.offload is not None:
             self.offload.tier.clear()
+        if reset_external and self.lmcache is not None:
+            self.lmcache.clear()
         self._update_gauges()
         return True
 
@@ -117,7 +141,34 @@ class Engine:
             self._publish(run.pending, run.request.cache_salt)
             self.finish(run, (), "abort")
             raise
-        self._complete_prefill(run)
+        if run.load_failed:
+            self._abandon(run)
+        else:
+            self._complete_prefill(run)
+
+    def _abandon(self, run: Run) -> None:
+        """End a request whose load failed: the blocks it was filling hold nothing valid, so they leave the cache."""
+        self._publish(run.pending, run.request.cache_salt)
+        self.finish(run, (), "error")
+        dropped = self.cache.drop(run.new_blocks)
+        self._publish([kv_events.gpu_removed(block) for block in dropped] if self.sink.enabled else [], None)
+        self._update_gauges()
+
+    def _load_fails(self, run: Run) -> bool:
+        if not run.loaded:
+            return False
+        if run.request.directives.fail_load:
+            return True
+        return self.config.fail_loads > 0 and self._rng.random() < self.config.fail_loads
+
+    def _apply_load_failure(self, run: Run) -> None:
+        self.load_failures += 1
+        if self.config.load_failure_policy == "fail":
+            run.load_failed = True
+            return
+        assert self.offload is not None
+        run.pending += self.offload.discard(run.hashes, run.gpu_hit, run.loaded)  # the bad copies are gone
+        run.loaded = 0
 
     def _schedule(self, request: GenRequest, hashes: list[int], arrival: float) -> Run:
         """Look the prompt up, take its blocks and prepare its events (under the engine lock)."""
@@ -127,9 +178,12 @@ class Engine:
         partial_blocks = -(-run.prompt_len // self.config.block_size) - len(hashes)
         run.taken = self.cache.acquire(hashes[first:], partial_blocks)
         new = Acquired(list(run.taken.held), 0, run.taken.evicted)
+        run.new_blocks = list(new.held)
         run.taken.held[:0] = hits.held
-        run.prefill_s = self._prefill_seconds(run)
         run.pending = self._stored_events(request.prompt, hashes, first, new, request.cache_salt)
+        if self._load_fails(run):
+            self._apply_load_failure(run)
+        run.prefill_s = self._prefill_seconds(run)
         self.running += 1
         self._update_gauges()
         return run
@@ -141,7 +195,11 @@ class Engine:
         hit_blocks = min(self.cache.match(run.hashes), (run.prompt_len - 1) // size)
         run.gpu_hit = hit_blocks * size
         if self.offload is not None:
-            run.loaded = self.offload.hit_tokens(run.hashes, run.gpu_hit, run.request.caps.max_load_tokens)
+            max_load = None if self.config.ignore_max_load_tokens else run.request.caps.max_load_tokens
+            run.loaded = self.offload.hit_tokens(run.hashes, run.gpu_hit, max_load)
+        if self.lmcache is not None:
+            request = run.request
+            run.loaded = self.lmcache.hit_tokens(request.prompt, request.body, request.cache_salt, run.gpu_hit)
         return hit_blocks
 
     def _prefill_seconds(self, run: Run) -> float:
@@ -171,7 +229,10 @@ class Engine:
         run.pending = []
         if self.offload is not None:
             self._offload_after_prefill(run)
-        self.metrics.observe_prefill(self._prefill_stats(run), self.offload is not None)
+        if self.lmcache is not None:
+            self._lmcache_after_prefill(run, self.lmcache)
+        connector = self.offload is not None or self.lmcache is not None
+        self.metrics.observe_prefill(self._prefill_stats(run), connector)
 
     def _offload_after_prefill(self, run: Run) -> None:
         assert self.offload is not None
@@ -180,6 +241,12 @@ class Engine:
         request = run.request
         self._publish(self.offload.store(request.prompt, run.hashes, request.caps.max_offload_tokens),
                       request.cache_salt)
+
+    def _lmcache_after_prefill(self, run: Run, lmcache: LMCacheConnector) -> None:
+        request = run.request
+        if run.loaded:
+            lmcache.load(request.prompt, request.body, request.cache_salt, run.loaded)
+        self._publish(lmcache.store(request.prompt, request.body, request.cache_salt), request.cache_salt)
 
     def _prefill_stats(self, run: Run) -> PrefillStats:
         assert run.first_token_at is not None

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from gateway.sim import tokenizer
 from gateway.sim.asgi import JSON, HttpRequest, Send, StreamWriter, encode_json, run_until_disconnect, send_json
-from gateway.sim.engine import Run
+from gateway.sim.engine import LoadFailed, Run
 from gateway.sim.errors import SimError
 from gateway.sim.formats import SSE_MEDIA_TYPE, ResponseMeta, StreamFormat, Usage, body_for, chunk_stream
 from gateway.sim.protocol import GenRequest, Kind, ParseContext, decode_json, parse_generation
@@ -19,6 +19,7 @@ from gateway.sim.recorder import RequestRecord
 from gateway.sim.responses_api import ResponsesStream, response_body
 from gateway.sim.state import SimState
 
+LOAD_FAILED_MESSAGE = "Simulated KV load failure (kv_load_failure_policy=fail)."
 _MEDIA_ERROR = SimError(400, "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
                         "Bad Request")
 
@@ -113,8 +114,20 @@ class GenerationJob:
             await self.writer.write(fmt.opening())
         if directives.delay_ms:
             await asyncio.sleep(directives.delay_ms / 1e3)
-        run = await self.state.engine.prefill(self.request, self.arrival)
+        try:
+            run = await self.state.engine.prefill(self.request, self.arrival)
+        except LoadFailed:
+            await self._load_failed(fmt)
+            return
         await self._generate(run, fmt)
+
+    async def _load_failed(self, fmt: StreamFormat | None) -> None:
+        """vLLM with kv_load_failure_policy `fail`: the request errors before its first token."""
+        self.outcome = "load_failed"
+        if fmt is None:
+            await self._fail(SimError(500, LOAD_FAILED_MESSAGE))
+        else:
+            await self.writer.end(fmt.error(LOAD_FAILED_MESSAGE))
 
     async def _fail(self, error: SimError) -> None:
         self.status = error.status

@@ -73,6 +73,14 @@ class PrefixCache:
             if self._refs[block] == 0:
                 self._free[block] = None
 
+    def drop(self, blocks: Sequence[int]) -> list[int]:
+        """Forget the unreferenced ones of `blocks` (their content is invalid); returns those forgotten."""
+        dropped = [block for block in blocks if self._refs.get(block) == 0]
+        for block in dropped:
+            del self._refs[block]
+            self._free.pop(block, None)
+        return dropped
+
     def clear(self) -> bool:
         """Forget every cached block, as reset_prefix_cache does; refused while blocks are in use."""
         if self.blocks_in_use:

@@ -84,3 +84,9 @@ def cpu_self_describing(hashes: Sequence[int], parent: int | None, tokens: Seque
     event["group_idx"] = 0
     event["kv_cache_spec_kind"] = SPEC_KIND
     return event
+
+
+def lmcache_stored(chunk_hash: int, parent: int | None, tokens: Sequence[int], chunk_size: int,
+                   medium: str) -> Event:
+    """One LMCache chunk as vLLM's LMCache connector turns it into a `BlockStored` (no extra_keys)."""
+    return _stored([chunk_hash], parent, tokens, chunk_size, medium)

@@ -58,6 +58,9 @@ class CpuTier:
         self._chunks[key] = blocks
         return evicted
 
+    def remove(self, key: int) -> tuple[int, ...] | None:
+        return self._chunks.pop(key, None)
+
     def clear(self) -> None:
         self._chunks.clear()
 
@@ -96,6 +99,12 @@ class OffloadConnector:
         keys = self.chunk_keys(hashes)[gpu_hit // self._chunk : (gpu_hit + loaded) // self._chunk]
         self.tier.touch(keys)
         self._metrics.observe("load", loaded * self._bytes_per_token, loaded * self._us_per_token / 1e6)
+
+    def discard(self, hashes: Sequence[int], gpu_hit: int, loaded: int) -> list[Event]:
+        """Remove the chunks of a failed load; returns their removal event (an assumption: not captured)."""
+        keys = self.chunk_keys(hashes)[gpu_hit // self._chunk : (gpu_hit + loaded) // self._chunk]
+        removed = [blocks for blocks in (self.tier.remove(key) for key in keys) if blocks is not None]
+        return self._removed_events(removed) if self._events else []
 
     def store(self, prompt: Sequence[int], hashes: Sequence[int], max_offload: int | None) -> list[Event]:
         """Offload the prompt's eligible chunks; returns the KV events of this store."""

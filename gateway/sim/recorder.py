@@ -11,6 +11,7 @@ for this request, without queueing or delay directives), the status sent and the
 - `completed`: answered in full (including error replies, see `status`);
 - `aborted`: the client went away first (generation was stopped);
 - `dropped`: the simulator cut the connection on purpose (`[[sim:drop-after=N]]`);
+- `load_failed`: a CPU-tier load failed under `--load-failure-policy fail` (an error reply or error event);
 - `failed`: the simulator itself failed (a bug: see its log).
 """
 

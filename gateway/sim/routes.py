@@ -14,11 +14,12 @@ from typing import Any
 
 from gateway.sim import tokenizer
 from gateway.sim.asgi import HttpRequest, Send, send_bytes, send_json
+from gateway.sim.engine import Engine
 from gateway.sim.errors import SimError, bad_request, validation_error
 from gateway.sim.generate import base_request_id, require_json, serve_generation
 from gateway.sim.protocol import Kind, chat_messages, check_model, decode_json, validate_body
 from gateway.sim.recorder import RequestRecord
-from gateway.sim.state import VLLM_VERSION, SimState
+from gateway.sim.state import SimState
 
 Reply = tuple[int, Any]
 """A status and a JSON payload (None: an empty body without content type)."""
@@ -56,7 +57,7 @@ async def empty_ok(state: SimState, request: HttpRequest, record: RequestRecord)
 
 
 async def version(state: SimState, request: HttpRequest, record: RequestRecord) -> Reply:
-    return 200, {"version": VLLM_VERSION}
+    return 200, {"version": state.config.vllm_version}
 
 
 async def load(state: SimState, request: HttpRequest, record: RequestRecord) -> Reply:
@@ -180,6 +181,14 @@ async def sim_requests_clear(state: SimState, request: HttpRequest, record: Requ
     return 200, {"cleared": True}
 
 
+def _lmcache_state(engine: Engine) -> dict[str, int] | None:
+    tier = engine.lmcache
+    if tier is None:
+        return None
+    return {"stored_chunks": len(tier), "hit_tokens_total": tier.hit_tokens_total,
+            "stored_tokens_total": tier.stored_tokens_total}
+
+
 async def sim_state(state: SimState, request: HttpRequest, record: RequestRecord) -> Reply:
     engine = state.engine
     cache = engine.cache
@@ -189,8 +198,10 @@ async def sim_state(state: SimState, request: HttpRequest, record: RequestRecord
         "model": state.config.model,
         "gpu": {"num_blocks": cache.num_blocks, "cached_blocks": cache.cached_blocks,
                 "blocks_in_use": cache.blocks_in_use, "usage": cache.usage},
-        "cpu": cpu, "waiting": engine.waiting, "running": engine.running, "in_flight": state.in_flight,
+        "cpu": cpu, "lmcache": _lmcache_state(engine),
+        "waiting": engine.waiting, "running": engine.running, "in_flight": state.in_flight,
         "sleep_level": state.sleep_level, "reset_prefix_cache_calls": state.reset_calls,
+        "load_failures": engine.load_failures, "load_failure_policy": state.config.load_failure_policy,
         "kv_events": None if state.publisher is None else {
             "batches_total": state.publisher.enqueued, "batches_sent": state.publisher.next_seq,
             "batches_dropped": state.publisher.dropped},
@@ -202,6 +213,23 @@ async def sim_kv_truth(state: SimState, request: HttpRequest, record: RequestRec
     if state.publisher is None:
         return 404, {"error": "KV events are disabled"}
     return 200, state.publisher.truth.view()
+
+
+async def server_info(state: SimState, request: HttpRequest, record: RequestRecord) -> Reply:
+    """vLLM's dev-mode `GET /server_info` (VLLM_SERVER_DEV_MODE=1), reduced to the parts a gateway reads; the
+    real one dumps the whole engine config. Without dev mode the route does not exist (404)."""
+    config = state.config
+    if not config.server_dev_mode:
+        raise SimError(404, "Not Found", "Not Found")
+    transfer = None
+    if config.offload:
+        transfer = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                    "kv_load_failure_policy": config.load_failure_policy,
+                    "kv_connector_extra_config": {"block_size": config.offload_block_size,
+                                                  "cpu_bytes_to_use": config.cpu_bytes_to_use}}
+    return 200, {"vllm_config": {"model_config": {"served_model_name": config.model},
+                                 "cache_config": {"block_size": config.block_size},
+                                 "kv_transfer_config": transfer}}
 
 
 async def kv_event_sources(state: SimState, request: HttpRequest, record: RequestRecord) -> Reply:
@@ -251,6 +279,7 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/is_sleeping": {"GET": simple(is_sleeping)},
     "/collective_rpc": {"POST": simple(collective_rpc)},
     "/kv_event_sources": {"GET": simple(kv_event_sources)},
+    "/server_info": {"GET": simple(server_info)},
     "/sim/requests": {"GET": simple(sim_requests), "DELETE": simple(sim_requests_clear)},
     "/sim/state": {"GET": simple(sim_state)},
     "/sim/kv-truth": {"GET": simple(sim_kv_truth)},

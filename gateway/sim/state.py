@@ -14,8 +14,6 @@ from gateway.sim.metrics import SimMetrics
 from gateway.sim.publisher import KvEventPublisher
 from gateway.sim.recorder import RequestRecorder
 
-VLLM_VERSION = "0.25.0"
-
 
 @dataclass
 class SimState:
@@ -50,4 +48,4 @@ class SimState:
 def fingerprint(config: SimConfig) -> str:
     """`system_fingerprint` in vLLM's form (`vllm-<version>-<8 hex>`), stable for a model and seed."""
     digest = hashlib.sha256(f"{config.model}:{config.seed}".encode()).hexdigest()[:8]
-    return f"vllm-{VLLM_VERSION}-{digest}"
+    return f"vllm-{config.vllm_version}-{digest}"

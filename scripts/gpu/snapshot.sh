@@ -5,7 +5,10 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 STAGE=${STAGE:-$ROOT/.stage}
-OVERLAY=(gateway/cli/loadtest.py loadtests/scenario loadtests/scenarios scripts/gpu)
+OVERLAY=()
+for path in gateway/cli/loadtest.py gateway/devtools/loadtest loadtests/scenarios loadtests/hotscan scripts/gpu; do
+  if [ -e "$ROOT/$path" ]; then OVERLAY+=("$path"); fi   # loadtests/hotscan: the admission runner, where present
+done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 git -C "$ROOT" archive HEAD | tar -x -C "$TMP"

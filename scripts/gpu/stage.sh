@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Stage everything the H200 host needs for `scripts/gpu/host.sh`, in two carry folders of < 64 MiB each.
 # The host has no network: vLLM 0.25.0 (trimmed), its missing wheels, the dummy model dir, and kvgate's
-# own dependencies all travel. The recipe this follows (facts, sizes, trims): ../shared/gpu/README.md.
+# own dependencies all travel. Everything it reads is in this folder: vllm-wheels.txt (the wheels vLLM 0.25.0
+# needs that the H200 image lacks), vllm-wheels-optional.txt (not staged: the image's copies were new enough),
+# model/ (Qwen3-8B-shaped config, generation and tokenizer configs) and build_tokenizer.py (32000-id byte BPE).
 #
-#   .stage/p1/  vllm-a.tar.xz (the one 76 MB library that only compresses to ~54 MB), model/ (config + tokenizer)
+#   .stage/p1/  vllm-a.tar.xz (the one 76 MB library that only compresses to ~54 MB), model.tar.xz (config + tokenizer)
 #   .stage/p2/  vllm-b.tar.xz (the rest of vLLM), vllm-whl/ (vLLM's wheels), gw-whl/ (kvgate's wheels)
 #   .stage/p2/src.tar.gz is written separately by scripts/gpu/snapshot.sh, right before a run.
 #
@@ -12,7 +14,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 STAGE=${STAGE:-$ROOT/.stage}
-SHARED_GPU=${SHARED_GPU:-$ROOT/../shared/gpu}
+HERE=$ROOT/scripts/gpu
 PY=${PY:-$ROOT/.venv/bin/python}
 PLATFORMS=()
 for tag in manylinux_2_17 manylinux2014 manylinux_2_24 manylinux_2_26 manylinux_2_27 manylinux_2_28 manylinux_2_31 \
@@ -24,7 +26,7 @@ fetch() {  # fetch DIR SPEC... : cp312 binary wheels for the host, no dependency
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${PLATFORMS[@]}" -d "$dir" "$@"
 }
-mkdir -p "$STAGE"/{dl,build,p1/model,p2/vllm-whl,p2/gw-whl}
+mkdir -p "$STAGE"/{dl,build/model,p1,p2/vllm-whl,p2/gw-whl}
 
 # 1. The vLLM wheel, unpacked and trimmed of what a dense bf16 model on Hopper never loads.
 WHEEL=$STAGE/dl/vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl
@@ -54,7 +56,7 @@ if [ ! -f "$STAGE/p1/vllm-a.tar.xz" ]; then
 fi
 
 # 3. vLLM's wheels that the host image lacks (the recipe's list), and kvgate's own, pinned to this venv.
-sed -E 's/^([A-Za-z0-9_.]+)-([0-9][^-]*)-.*$/\1==\2/' "$SHARED_GPU/wheels.txt" > "$STAGE/build/vllm-reqs.txt"
+sed -E 's/^([A-Za-z0-9_.]+)-([0-9][^-]*)-.*$/\1==\2/' "$HERE/vllm-wheels.txt" > "$STAGE/build/vllm-reqs.txt"
 [ "$(ls "$STAGE/p2/vllm-whl" | wc -l)" -ge "$(wc -l < "$STAGE/build/vllm-reqs.txt")" ] \
   || fetch "$STAGE/p2/vllm-whl" -r "$STAGE/build/vllm-reqs.txt"
 "$PY" "$ROOT/scripts/gpu/gw_requirements.py" --python 3.12 > "$STAGE/build/gw-reqs.txt"
@@ -66,13 +68,17 @@ for wheel in "$STAGE"/p2/gw-whl/*.whl; do
   if [ -f "$STAGE/p2/vllm-whl/$name" ]; then echo "$name" >> "$STAGE/p2/gw-whl/shared.txt"; rm "$wheel"; fi
 done
 
-# 4. The dummy model: Qwen3-8B-shaped config, and the 32000-token tokenizer trained by the recipe's mktok.py.
-install -m 644 "$SHARED_GPU/model8b.config.json" "$STAGE/p1/model/config.json"
-install -m 644 "$SHARED_GPU/generation_config.json" "$STAGE/p1/model/generation_config.json"
-if [ ! -f "$STAGE/p1/model/tokenizer.json" ]; then
+# 4. The dummy model: Qwen3-8B-shaped config, and a 32000-id byte-level BPE tokenizer (build_tokenizer.py).
+#    It travels xz-packed (model.tar.xz, ~0.6 MB instead of 2.3 MB): part 1 is the tightest of the transfers.
+MODEL=$STAGE/build/model
+install -m 644 "$HERE/model/config.json" "$MODEL/config.json"
+install -m 644 "$HERE/model/generation_config.json" "$MODEL/generation_config.json"
+if [ ! -f "$MODEL/tokenizer.json" ]; then
   [ -x "$STAGE/tokvenv/bin/python" ] || { python3 -m venv "$STAGE/tokvenv" && "$STAGE/tokvenv/bin/pip" install -q tokenizers; }
-  "$STAGE/tokvenv/bin/python" "$SHARED_GPU/mktok.py" "$STAGE/p1/model"
+  "$STAGE/tokvenv/bin/python" "$HERE/build_tokenizer.py" "$MODEL"
 fi
+rm -rf "$STAGE/p1/model"   # the unpacked form of earlier stagings
+tar -C "$MODEL" -cf - . | xz -9 -T1 -c > "$STAGE/p1/model.tar.xz"
 
 du -sh "$STAGE"/p1/* "$STAGE"/p2/*
 echo "part 1: $(du -cb "$STAGE/p1" | tail -1 | cut -f1) bytes; part 2 (before src.tar.gz): $(du -cb "$STAGE/p2" | tail -1 | cut -f1) bytes"

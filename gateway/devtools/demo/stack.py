@@ -15,7 +15,7 @@ import yaml
 from gateway.devtools.localproc import ServerProcess, free_port, free_port_pair, kvgate_command, run_server
 from gateway.keys import hash_key, new_key
 
-EXAMPLE_POLICIES = Path(__file__).resolve().parents[2] / "policies"
+EXAMPLE_POLICIES = Path(__file__).resolve().parents[3] / "policies"
 GPU_BLOCKS = "640"  # 10,240 tokens: a few long prefixes per tenant overflow it, so eviction happens
 CPU_TIER_BYTES = str(64 * 147456 * 1000)  # room for 64,000 tokens of the simulated 8B model
 UPSTREAM_KEY_ENV = {"offload": "VLLM_OFFLOAD_KEY", "control": "VLLM_CONTROL_KEY"}

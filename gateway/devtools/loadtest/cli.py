@@ -22,6 +22,7 @@ from gateway.devtools.loadtest.observe import Observer
 from gateway.devtools.loadtest.plots import draw_all
 from gateway.devtools.loadtest.policies import write_policy_dir
 from gateway.devtools.loadtest.progress import Progress
+from gateway.devtools.loadtest.reuse import is_reuse_file, run_reuse
 from gateway.devtools.loadtest.runner import ProtocolRunner, RawRun
 from gateway.devtools.loadtest.stack import self_started_stack
 from gateway.devtools.loadtest.summary import build_report
@@ -129,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.render is not None:
             return render_existing(args.render)
+        if args.scenario is not None and is_reuse_file(args.scenario):  # `kind: reuse`: see reuse.py
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+            return run_reuse(args, reports_folder() / f"{args.scenario.stem}-{stamp}")
         scenario = load_scenario(args.scenario or DEFAULT_SCENARIO)
         if args.write_policies is not None:
             return write_policies(args, scenario)

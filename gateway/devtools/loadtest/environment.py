@@ -14,7 +14,7 @@ from gateway.devtools.loadtest.model import ARMS, Scenario
 from gateway.devtools.loadtest.observe import Observer
 from gateway.devtools.loadtest.targets import Targets
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def source_revision() -> str | None:

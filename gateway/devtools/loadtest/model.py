@@ -8,6 +8,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.devtools.loadtest.server import ServerSpec
+
 Phase = Literal["cold", "repeat", "pressure", "return", "restart"]
 ARMS = ("offload", "control")
 """The two arms of the protocol: the server with the CPU tier, and the same server without it."""
@@ -76,6 +78,8 @@ class Scenario(Strict):
     seed: int = 1234
     vocab_size: int = Field(default=32000, gt=16)
     sim: SimSpec = Field(default_factory=SimSpec)
+    server: ServerSpec = Field(default_factory=ServerSpec)
+    """Real vLLM server settings per arm, applied by scripts/gpu/host.sh (see server.py); the runner ignores it."""
     timeouts: Timeouts = Field(default_factory=Timeouts)
 
     @field_validator("arms")

@@ -1,0 +1,1 @@
+"""The isolation canary: proof, per pool, that one identity's cached prefix is never served to another."""

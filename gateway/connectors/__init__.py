@@ -1,0 +1,1 @@
+"""What each pool's connector honours: LMCache tag stamping and per-connector capability warnings."""

@@ -1,0 +1,204 @@
+"""The miss path: a request whose answer fails before its first byte is answered by recomputing instead.
+
+Loading blocks from the offload tier is an optimisation; a failed load must not become a failed request. For a
+tenant with `offload.miss_path: retry`, an answer that fails before the gateway has sent anything to the client
+-- a connection refused or reset, a timeout, a 5xx status, or (streams) an error event before any generated
+content -- is retried once on the same pool with a forced recompute, then once on the tenant's
+`rollout.else_pool` if it has one. After the first byte nothing is retried.
+
+How a recompute is forced depends on the server (the pool's `recompute` field):
+- `max_load_tokens`: `kv_transfer_params.max_load_tokens: 0` -- no external load, the GPU prefix cache is kept.
+  Only for servers that read it: vLLM 0.25.0's offloading scheduler ignores it (measured on the H200,
+  tests/fixtures/vllm-0.25.0/kv-transfer-params/steps.json); the 0.32.0 build reads it.
+- `salt`: a one-time `cache_salt` derived for this request only, so nothing cached matches (neither tier) and
+  the whole prompt is prefilled; `max_offload_tokens: 0` keeps the one-time copy out of the CPU tier. The salt
+  is registered with the ledger like a per-user salt, so the GPU blocks it creates stay attributed.
+- `auto` (default): ask `GET /version` of the upstream once; `max_load_tokens` from 0.32.0 on, else `salt`
+  (also when the version cannot be read).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+import msgspec
+
+from gateway.metrics import GatewayMetrics
+from gateway.policy.model import PoolConfig
+from gateway.proxy.features import Call, Outbound
+from gateway.proxy.sse import CONTENT_EVENT
+from gateway.routes import Kind
+from gateway.salts import derive_salt
+
+RecomputeMethod = Literal["max_load_tokens", "salt"]
+Action = Literal["recompute_max_load_tokens", "recompute_salt", "else_pool"]
+UserSaltSink = Callable[[str, int, str], None]
+HONOURS_MAX_LOAD_FROM = (0, 32, 0)
+VERSION_TIMEOUT_S = 2.0
+MAX_REMEMBERED_UPSTREAMS = 1024
+PEEK_LIMIT_BYTES = 64 * 1024  # an answer with no content after this much is relayed as it is
+ERROR_EVENT = re.compile(rb'(?:^|\n)data: ?\{"error"')
+VERSION_NUMBERS = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def honours_max_load_tokens(version: str) -> bool:
+    """Whether a vLLM of this version reads `max_load_tokens` (unknown or unparsable: no)."""
+    match = VERSION_NUMBERS.match(version.strip().lstrip("v"))
+    if match is None:
+        return False
+    numbers = tuple(int(part or 0) for part in match.groups())
+    return numbers >= HONOURS_MAX_LOAD_FROM
+
+
+class RecomputeMethods:
+    """Per upstream, how a recompute is forced; `auto` pools are asked for their version once."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self._known: dict[str, RecomputeMethod] = {}
+
+    async def method(self, pool: PoolConfig, upstream: str) -> RecomputeMethod:
+        if pool.recompute != "auto":
+            return pool.recompute
+        known = self._known.get(upstream)
+        if known is not None:
+            return known
+        version = await self._version(upstream)
+        method: RecomputeMethod = "max_load_tokens" if version and honours_max_load_tokens(version) else "salt"
+        if version is not None:
+            if len(self._known) >= MAX_REMEMBERED_UPSTREAMS:
+                self._known.clear()
+            self._known[upstream] = method
+        return method
+
+    async def _version(self, upstream: str) -> str | None:
+        timeout = aiohttp.ClientTimeout(total=VERSION_TIMEOUT_S)
+        try:
+            async with self.session.get(f"{upstream}/version", timeout=timeout) as response:
+                body = await response.read()
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+        try:
+            parsed = msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            return None
+        version = parsed.get("version") if isinstance(parsed, dict) else None
+        return version if isinstance(version, str) else None
+
+
+def one_time_user(request_id: str) -> str:
+    """The per-request identity a one-time salt is derived from (like a per-user salt, never reused)."""
+    return f"kvgate-recompute:{request_id}"
+
+
+def recompute_body(body: bytes, method: RecomputeMethod, one_time_salt: str) -> bytes:
+    """The retry's body: the same request with external loads off, or with a salt nothing matches."""
+    request: dict[str, Any] = msgspec.json.decode(body)
+    params = request.get("kv_transfer_params")
+    caps: dict[str, Any] = dict(params) if isinstance(params, dict) else {}
+    if method == "max_load_tokens":
+        caps["max_load_tokens"] = 0
+    else:
+        request["cache_salt"] = one_time_salt
+        caps["max_offload_tokens"] = 0
+    request["kv_transfer_params"] = caps
+    return msgspec.json.encode(request)
+
+
+def action_for(method: RecomputeMethod) -> Action:
+    return "recompute_max_load_tokens" if method == "max_load_tokens" else "recompute_salt"
+
+
+@dataclass
+class Failure:
+    """An answer that failed before its first byte reached the client."""
+
+    cause: str  # connect/timeout error name, `status_<code>`, or `error_event`
+    error: Exception | None = None  # the gateway error to raise if this is the last word
+    status: int = 0
+    body: bytes = b""
+    content_type: str = "application/json"
+    chunks: list[bytes] = field(default_factory=list)  # a stream that began with an error event
+
+
+@dataclass
+class Peeked:
+    """The first chunks of a stream, read until generated content, an error event or the end."""
+
+    chunks: list[bytes]
+    error_first: bool
+
+
+async def peek_stream(response: aiohttp.ClientResponse) -> Peeked:
+    """Hold a stream back until it shows content (relay it) or an error before any content (retry it)."""
+    chunks: list[bytes] = []
+    region = b""
+    async for chunk in response.content.iter_any():
+        chunks.append(chunk)
+        region += chunk
+        error = ERROR_EVENT.search(region)
+        content = CONTENT_EVENT.search(region)
+        if error is not None and (content is None or error.start() < content.start()):
+            chunks += [rest async for rest in _rest(response, len(region))]
+            return Peeked(chunks, True)
+        if content is not None or len(region) > PEEK_LIMIT_BYTES:
+            break
+    return Peeked(chunks, False)
+
+
+async def _rest(response: aiohttp.ClientResponse, read: int) -> AsyncIterator[bytes]:
+    """What follows an error event (normally just `[DONE]`), bounded."""
+    async for chunk in response.content.iter_any():
+        read += len(chunk)
+        if read > PEEK_LIMIT_BYTES:
+            return
+        yield chunk
+
+
+class MissPath:
+    """What a retry needs besides the request: how to force a recompute per pool, salts, and the metric."""
+
+    def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, metrics: GatewayMetrics,
+                 remember_user_salt: UserSaltSink) -> None:
+        self.recompute = RecomputeMethods(session)
+        self.salt_secret = salt_secret
+        self.metrics = metrics
+        self.remember_user_salt = remember_user_salt
+
+    @staticmethod
+    def applies(call: Call) -> bool:
+        generation = call.route.kind is Kind.GENERATE and call.prepared is not None
+        return generation and call.tenant.offload.miss_path == "retry"
+
+    @staticmethod
+    def retry_pools(call: Call) -> list[str]:
+        """Recompute on the same pool, then the rollout's other arm when there is one."""
+        else_pool = call.tenant.rollout.else_pool
+        return [call.pool_name] + ([else_pool] if else_pool is not None and else_pool != call.pool_name else [])
+
+    async def retry_outbound(
+        self, call: Call, outbound: Outbound, candidates: list[str], pool_name: str, retry_id: str
+    ) -> tuple[Outbound, Action]:
+        """The retry of `outbound` on `pool_name`: recompute forced as that pool's server allows."""
+        prepared = call.prepared
+        assert prepared is not None and outbound.body is not None
+        pool = call.policies.gateway.pools[pool_name]
+        method = await self.recompute.method(pool, candidates[0])
+        tenant = call.tenant
+        salt = ""
+        if method == "salt":
+            user = one_time_user(call.request_id)
+            salt = derive_salt(self.salt_secret, tenant.tenant, tenant.cache.salt_epoch, user)
+            self.remember_user_salt(tenant.tenant, tenant.cache.salt_epoch, user)  # its blocks stay attributed
+        kept = {name: value for name, value in outbound.headers.items() if name != "authorization"}
+        headers = kept | {"x-request-id": retry_id} | call.policies.pool_auth(pool_name)
+        body = recompute_body(outbound.body, method, salt)
+        action: Action = action_for(method) if pool_name == call.pool_name else "else_pool"
+        return Outbound(outbound.method, candidates, outbound.target, headers, body), action
+
+    def count(self, call: Call, pool: str, action: Action, ok: bool) -> None:
+        self.metrics.miss_path.labels(call.tenant.tenant, pool, action, "ok" if ok else "failed").inc()

@@ -1,0 +1,49 @@
+"""Offload admission as a request feature: a `returning` tenant's request whose prefix has not returned often
+enough stores nothing in the offload tier (`kv_transfer_params.max_offload_tokens: 0`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.metrics import GatewayMetrics
+from gateway.proxy.features import Call, Finish, RequestFeature
+from gateway.proxy.record import Exchange
+from gateway.reuse.fingerprint import canonical_prompt
+from gateway.reuse.shared import Admission, rule_of
+from gateway.routes import Kind
+
+
+def refuse_offload(request: dict[str, Any]) -> None:
+    """Store nothing of this request in the offload tier (the client's and the policy's caps were already applied)."""
+    params = request.get("kv_transfer_params")
+    request["kv_transfer_params"] = {**(params if isinstance(params, dict) else {}), "max_offload_tokens": 0}
+
+
+class AdmissionFeature(RequestFeature):
+    name = "offload-admission"
+
+    def __init__(self, admission: Admission, metrics: GatewayMetrics) -> None:
+        self.admission = admission
+        self.metrics = metrics
+
+    async def prepare(self, call: Call, request: dict[str, Any]) -> Finish | None:
+        policy = call.tenant.offload.admission
+        if policy.mode != "returning" or call.route.kind is not Kind.GENERATE:
+            return None
+        tenant = call.tenant.tenant
+        rule = rule_of(policy)
+        key = self.admission.key_for(tenant, canonical_prompt(request), rule.prefix_chunks)
+        result, store_failed = await self.admission.admit(tenant, key, rule)
+        self.metrics.offload_admission.labels(tenant, result.decision).inc()
+        if store_failed:
+            self.metrics.offload_admission_errors.labels(tenant).inc()
+        if not result.admitted:
+            refuse_offload(request)
+        return _noting(result.decision)
+
+
+def _noting(decision: str) -> Finish:
+    def finish(ex: Exchange) -> None:
+        ex.admission = decision
+
+    return finish

@@ -1,0 +1,173 @@
+"""Where the reuse trace lives: on the process's Storage — its SQLite file, or Redis (`KVGATE_REDIS_URL`) for
+several replicas.
+
+Bounded per tenant: at most `max_records` records (the oldest go first) of at most MAX_CHUNKS fingerprints
+each. Records older than the tenant's `offload.retention_seconds` are deleted, and `tenant forget` erases the
+tenant's records (all of them from the CLI; those below the new salt epoch in a running gateway).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+import redis.asyncio as aioredis
+
+from gateway.reuse.record import TraceRecord, decode_record, encode_record
+from gateway.storage import Backend, Storage
+from gateway.storage.sqlite import SqliteWorker
+
+DEFAULT_MAX_RECORDS = 50_000
+REDIS_PREFIX = "kvgate:reuse"
+
+
+class TraceStore(Protocol):
+    async def write(self, records: list[TraceRecord]) -> None: ...
+    async def read(self, tenant: str | None, since: float | None) -> list[TraceRecord]:
+        """Records in time order, of one tenant or all."""
+    async def tenants(self) -> list[str]: ...
+    async def expire(self, tenant: str, before: float) -> int:
+        """Delete the tenant's records older than `before` (unix time); returns how many."""
+    async def erase(self, tenant: str, below_epoch: int | None = None) -> int:
+        """Delete the tenant's records (only those below a salt epoch when given); returns how many."""
+
+
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS reuse_trace (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, ts REAL NOT NULL, "
+    "epoch INTEGER NOT NULL, record BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS reuse_trace_tenant ON reuse_trace (tenant, id)",
+    "CREATE INDEX IF NOT EXISTS reuse_trace_tenant_ts ON reuse_trace (tenant, ts)",
+)
+TRIM_SQL = (
+    "DELETE FROM reuse_trace WHERE tenant = ? AND id <= "
+    "(SELECT id FROM reuse_trace WHERE tenant = ? ORDER BY id DESC LIMIT 1 OFFSET ?)"
+)
+READ_SQL = ("SELECT record FROM reuse_trace WHERE (? IS NULL OR tenant = ?) AND (? IS NULL OR ts >= ?) "
+            "ORDER BY id")
+
+
+class SqliteTraceStore:
+    """One table on the process's SQLite worker."""
+
+    def __init__(self, worker: SqliteWorker, max_records: int = DEFAULT_MAX_RECORDS) -> None:
+        self.worker = worker
+        self.max_records = max_records
+
+    @classmethod
+    async def open(cls, worker: SqliteWorker, max_records: int = DEFAULT_MAX_RECORDS) -> SqliteTraceStore:
+        await worker.run(_create)
+        return cls(worker, max_records)
+
+    async def write(self, records: list[TraceRecord]) -> None:
+        if records:
+            rows = [(r.tenant, r.ts, r.epoch, encode_record(r)) for r in records]
+            await self.worker.transaction(_write, rows, sorted({r.tenant for r in records}), self.max_records)
+
+    async def read(self, tenant: str | None, since: float | None) -> list[TraceRecord]:
+        rows = await self.worker.run(_fetch, READ_SQL, (tenant, tenant, since, since))
+        return [decode_record(row[0]) for row in rows]
+
+    async def tenants(self) -> list[str]:
+        rows = await self.worker.run(_fetch, "SELECT DISTINCT tenant FROM reuse_trace ORDER BY tenant", ())
+        return [str(row[0]) for row in rows]
+
+    async def expire(self, tenant: str, before: float) -> int:
+        return await self.worker.run(_change, "DELETE FROM reuse_trace WHERE tenant = ? AND ts < ?", (tenant, before))
+
+    async def erase(self, tenant: str, below_epoch: int | None = None) -> int:
+        if below_epoch is None:
+            return await self.worker.run(_change, "DELETE FROM reuse_trace WHERE tenant = ?", (tenant,))
+        sql = "DELETE FROM reuse_trace WHERE tenant = ? AND epoch < ?"
+        return await self.worker.run(_change, sql, (tenant, below_epoch))
+
+
+def _create(db: sqlite3.Connection) -> None:
+    for statement in SCHEMA:
+        db.execute(statement)
+
+
+def _write(db: sqlite3.Connection, rows: list[tuple[str, float, int, bytes]], tenants: list[str], keep: int) -> None:
+    db.executemany("INSERT INTO reuse_trace (tenant, ts, epoch, record) VALUES (?, ?, ?, ?)", rows)
+    db.executemany(TRIM_SQL, [(tenant, tenant, keep) for tenant in tenants])
+
+
+def _fetch(db: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    return db.execute(sql, args).fetchall()
+
+
+def _change(db: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> int:
+    return db.execute(sql, args).rowcount
+
+
+class RedisTraceStore:
+    """One sorted set per tenant, scored by time; members are a sequence number and the encoded record."""
+
+    def __init__(self, client: aioredis.Redis, max_records: int = DEFAULT_MAX_RECORDS,
+                 prefix: str = REDIS_PREFIX) -> None:
+        self._redis = client
+        self.max_records = max_records
+        self.prefix = prefix
+
+    def _key(self, tenant: str) -> str:
+        return f"{self.prefix}:trace:{tenant}"
+
+    async def write(self, records: list[TraceRecord]) -> None:
+        if not records:
+            return
+        last = await cast(Awaitable[int], self._redis.incrby(f"{self.prefix}:seq", len(records)))
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for offset, record in enumerate(records):
+                member = (last - len(records) + offset).to_bytes(8, "big") + encode_record(record)
+                pipe.zadd(self._key(record.tenant), {member: record.ts})
+            for tenant in {r.tenant for r in records}:
+                pipe.zremrangebyrank(self._key(tenant), 0, -(self.max_records + 1))
+            await pipe.execute()
+
+    async def read(self, tenant: str | None, since: float | None) -> list[TraceRecord]:
+        tenants = [tenant] if tenant is not None else await self.tenants()
+        low: float | str = since if since is not None else "-inf"
+        records: list[TraceRecord] = []
+        for name in tenants:
+            raw = await cast(Awaitable[list[bytes]], self._redis.zrangebyscore(self._key(name), low, "+inf"))
+            records.extend(decode_record(member[8:]) for member in raw)
+        records.sort(key=lambda r: r.ts)
+        return records
+
+    async def tenants(self) -> list[str]:
+        prefix = self._key("")
+        names = [key.decode()[len(prefix):] async for key in self._redis.scan_iter(match=f"{prefix}*")]
+        return sorted(names)
+
+    async def expire(self, tenant: str, before: float) -> int:
+        return await cast(Awaitable[int], self._redis.zremrangebyscore(self._key(tenant), "-inf", f"({before}"))
+
+    async def erase(self, tenant: str, below_epoch: int | None = None) -> int:
+        key = self._key(tenant)
+        if below_epoch is None:
+            count = await cast(Awaitable[int], self._redis.zcard(key))
+            await self._redis.delete(key)
+            return count
+        raw = await cast(Awaitable[list[bytes]], self._redis.zrange(key, 0, -1))
+        stale = [member for member in raw if decode_record(member[8:]).epoch < below_epoch]
+        if stale:
+            await cast(Awaitable[int], self._redis.zrem(key, *stale))
+        return len(stale)
+
+
+async def open_trace_store(storage: Storage, max_records: int = DEFAULT_MAX_RECORDS) -> TraceStore:
+    if storage.backend is Backend.REDIS:
+        return RedisTraceStore(storage.redis_client(), max_records)
+    return await SqliteTraceStore.open(storage.sqlite_worker(), max_records)
+
+
+@asynccontextmanager
+async def trace_store_for(redis_url: str | None, state_path: Path) -> AsyncIterator[TraceStore]:
+    """The trace store of a gateway's settings, for a command-line tool; closed on exit."""
+    storage = await Storage.open(redis_url, state_path)
+    try:
+        yield await open_trace_store(storage)
+    finally:
+        await storage.close()

@@ -1,0 +1,61 @@
+"""The reuse trace's request feature: at the start of a generation request it takes references to the prompt;
+when the request has ended (reply sent, usage known) it hands them to the trace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.log import get_logger
+from gateway.outcomes import Outcome
+from gateway.proxy.features import Call, Finish, RequestFeature
+from gateway.proxy.record import Exchange
+from gateway.reuse.fingerprint import PromptParts, canonical_parts
+from gateway.reuse.trace import ReuseTrace, TransferCaps
+from gateway.routes import Kind
+
+log = get_logger(__name__)
+
+
+class ReuseTraceFeature(RequestFeature):
+    name = "reuse-trace"
+
+    def __init__(self, trace: ReuseTrace) -> None:
+        self.trace = trace
+
+    def start(self, call: Call, request: dict[str, Any]) -> Finish | None:
+        if call.route.kind is not Kind.GENERATE:
+            return None
+        try:
+            parts = canonical_parts(request)
+        except Exception as error:  # a body the renderer cannot walk is counted, never raised into the request
+            self._failed(call, error)
+            return None
+        caps = transfer_caps(request)
+        return lambda ex: self._finish(call, parts, caps, ex)
+
+    def _finish(self, call: Call, parts: PromptParts | None, caps: TransferCaps, ex: Exchange) -> None:
+        if ex.status != 200 or ex.outcome is not Outcome.OK:
+            return  # not a completed cache lookup: nothing to learn from
+        tenant = call.tenant
+        user = call.user if tenant.cache.isolation == "user" else None  # users whose blocks are never shared
+        try:
+            self.trace.observe(tenant.tenant, tenant.cache.salt_epoch, call.pool_name, parts, ex.usage, user, caps)
+        except Exception as error:  # the reply is already sent: a trace bug must not touch the request's outcome
+            self._failed(call, error)
+
+    def _failed(self, call: Call, error: Exception) -> None:
+        self.trace.metrics.requests.labels(call.tenant.tenant, "error").inc()
+        log.warning("reuse_trace_failed", request_id=call.request_id, error=type(error).__name__)
+
+
+def transfer_caps(request: dict[str, Any]) -> TransferCaps:
+    """The offload caps the upstream will see: the rewritten request's, after policy caps and offload admission
+    (features that edit the request run before this one)."""
+    params = request.get("kv_transfer_params")
+    if not isinstance(params, dict):
+        return None, None
+    return _cap(params.get("max_offload_tokens")), _cap(params.get("max_load_tokens"))
+
+
+def _cap(value: object) -> int | None:
+    return value if type(value) is int and value >= 0 else None

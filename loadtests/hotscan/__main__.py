@@ -1,0 +1,5 @@
+"""`python -m loadtests.hotscan SCENARIO ...`."""
+
+from loadtests.hotscan.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""The reuse-trace store on a SQLite file and on a real redis-server, built on a Storage as the gateway builds it:
+one behaviour for both."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from gateway.reuse.record import TraceRecord
+from gateway.reuse.store import TraceStore, open_trace_store
+from gateway.storage import Storage
+from tests.ledger.redis_proc import RedisProcess
+
+StoreSession = Callable[[int], AbstractAsyncContextManager[TraceStore]]
+
+
+def record(tenant: str, ts: float, epoch: int = 1, chain: bytes = b"\x01" * 16) -> TraceRecord:
+    return TraceRecord(ts=ts, tenant=tenant, pool="offload", epoch=epoch, prompt_tokens=40, cached_tokens=16,
+                       completion_tokens=2, text=False, chunk_units=16, tokens_per_chunk=16.0, rate=1.0, chain=chain)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
+    server = RedisProcess(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSession:
+    url = None if request.param == "sqlite" else request.getfixturevalue("redis_server").url
+
+    @asynccontextmanager
+    async def session(keep: int) -> AsyncIterator[TraceStore]:
+        storage = await Storage.open(url, tmp_path / "state.sqlite3")
+        try:
+            yield await open_trace_store(storage, keep)
+        finally:
+            await storage.close()
+
+    return session
+
+
+def with_store(make_store: StoreSession, keep: int, check: Callable[[TraceStore], Awaitable[None]]) -> None:
+    async def run() -> None:
+        async with make_store(keep) as store:
+            await check(store)
+
+    asyncio.run(run())
+
+
+def test_write_read_since_and_tenants(make_store: StoreSession) -> None:
+    async def check(store: TraceStore) -> None:
+        await store.write([record("a", 10.0), record("b", 11.0), record("a", 12.0, chain=b"\x02" * 8)])
+        await store.write([record("a", 12.0, chain=b"\x02" * 8)])  # equal records are both kept
+        assert [r.ts for r in await store.read("a", None)] == [10.0, 12.0, 12.0]
+        assert [r.tenant for r in await store.read(None, 11.0)] == ["b", "a", "a"]
+        assert await store.tenants() == ["a", "b"]
+        assert (await store.read("b", None))[0] == record("b", 11.0)
+
+    with_store(make_store, 100, check)
+
+
+def test_bounded_per_tenant_oldest_first(make_store: StoreSession) -> None:
+    async def check(store: TraceStore) -> None:
+        await store.write([record("a", float(i)) for i in range(5)] + [record("b", 1.0)])
+        await store.write([record("a", 5.0)])
+        assert [r.ts for r in await store.read("a", None)] == [3.0, 4.0, 5.0]
+        assert len(await store.read("b", None)) == 1
+
+    with_store(make_store, 3, check)
+
+
+def test_retention_and_forget(make_store: StoreSession) -> None:
+    async def check(store: TraceStore) -> None:
+        await store.write([record("a", 1.0, epoch=1), record("a", 5.0, epoch=2), record("a", 9.0, epoch=3),
+                           record("b", 1.0)])
+        assert await store.expire("a", 5.0) == 1
+        assert [r.ts for r in await store.read("a", None)] == [5.0, 9.0]
+        assert await store.erase("a", below_epoch=3) == 1
+        assert [r.epoch for r in await store.read("a", None)] == [3]
+        assert await store.erase("a") == 1
+        assert await store.read("a", None) == []
+        assert len(await store.read("b", None)) == 1
+
+    with_store(make_store, 100, check)

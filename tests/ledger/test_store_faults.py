@@ -207,3 +207,31 @@ def test_a_ledger_task_that_ends_is_restarted_and_counted(tmp_path: Path, publis
 
 async def _value(value: T) -> T:
     return value
+
+
+def test_redis_sigkilled_while_a_large_flush_is_in_flight(tmp_path: Path, publisher: VllmPublisher) -> None:
+    """Killed right after 60,000 block events were published: wherever the kill lands (before, during or after
+    a flush), the store ends with every block once, and nothing is reported missing."""
+    redis_dir = tmp_path / "redis"
+    server = RedisProcess(redis_dir, persistent=True).start()
+    restarted = RedisProcess(redis_dir, persistent=True, port=server.port)
+    root = write_policies(tmp_path / "policies", {"offload": [publisher.endpoint]}, TENANTS)
+    backend = Backend("redis", tmp_path / "unused.sqlite3", redis_url=server.url)
+
+    async def scenario() -> None:
+        async with running_ledger(root, backend) as ledger:
+            publisher.publish([stored([1], salt=SALT)])
+            await eventually(_in_store(backend), lambda seen: seen == (1, 0))
+            for first in (10**6, 2 * 10**6, 3 * 10**6):
+                publisher.publish([stored(list(range(first, first + 20_000)), parent=1, block_size=1)])
+            await eventually(lambda: _value(ledger.service.writer.pending_ops), lambda ops: ops > 0)
+            await asyncio.to_thread(server.kill)
+            await asyncio.to_thread(restarted.start)  # the ledger's loop keeps running meanwhile
+            await eventually(_in_store(backend), lambda seen: seen == (60_001, 0), timeout_s=60)
+            assert ledger.sample("kvgate_kv_event_gaps_total", source="offload/0") == 0
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+        restarted.stop()

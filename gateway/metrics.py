@@ -1,4 +1,4 @@
-"""The gateway's own Prometheus metrics (contract §4), on an injected registry.
+"""The gateway's own Prometheus metrics (docs/metrics.md), on an injected registry.
 
 Label values for `tenant` come only from the loaded policy set (plus the ledger's reserved
 `unattributed`), never from request input.
@@ -33,6 +33,15 @@ class GatewayMetrics:
             ["reason"], registry=registry)
         self.policy_reloads = Counter(
             "kvgate_policy_reloads", "Policy directory loads by result.", ["result"], registry=registry)
+        self.user_salts_remembered = Gauge(
+            "kvgate_user_salts_remembered", "Salt digests the ledger remembers for attribution (bounded LRU).",
+            registry=registry)
+        self.user_salts_evicted = Counter(
+            "kvgate_user_salts_evicted", "Salt digests forgotten by the bounded LRU (their blocks: unattributed).",
+            registry=registry)
+        self.engine_fields = Counter(
+            "kvgate_engine_fields", "Body fields that steer vLLM, dropped or refused by tenant policy.",
+            ["tenant", "field", "action"], registry=registry)
 
     def prime(self, tenants: Iterable[str], shadow_outcomes: Iterable[str]) -> None:
         """Create every tenant's event counters at 0, so the first violation or mismatch is a visible rise."""

@@ -1,4 +1,4 @@
-"""Derived `cache_salt` values (contract §2): HMAC-SHA256(secret, tenant:epoch[:user]), hex.
+"""Derived `cache_salt` values (docs/policies.md): HMAC-SHA256(secret, tenant:epoch[:user]), hex.
 
 64 hex characters stay within vLLM's limits (at most 128 characters, none of `@ / \\` or NUL).
 Salts are derived on demand and never stored or logged.

@@ -35,3 +35,23 @@ class Settings(BaseSettings):
     reuse_sample_rate: float = Field(default=1.0, gt=0, le=1)  # starting SHARDS rate of the reuse trace
     reuse_max_roots: int = Field(default=20_000, gt=0)  # distinct sampled prefix roots per tenant
     reuse_max_records: int = Field(default=50_000, gt=0)  # trace records kept per tenant
+
+
+MIN_SALT_SECRET_BYTES = 32
+
+
+class SaltSecretError(ValueError):
+    """The salt secret is missing or too short to keep salts unguessable."""
+
+
+def salt_secret_bytes(settings: Settings) -> bytes:
+    """The validated salt secret: every cache salt is an HMAC under it, so an empty or short one would let
+    anyone who knows tenant names compute salts. The proxy and the ledger use this one value."""
+    value = settings.salt_secret.get_secret_value().encode() if settings.salt_secret is not None else b""
+    if not value:
+        raise SaltSecretError("KVGATE_SALT_SECRET must be set (the secret cache salts are derived from); "
+                              "generate one with `openssl rand -hex 32`")
+    if len(value) < MIN_SALT_SECRET_BYTES:
+        raise SaltSecretError(f"KVGATE_SALT_SECRET is {len(value)} bytes; it must be at least "
+                              f"{MIN_SALT_SECRET_BYTES} (generate one with `openssl rand -hex 32`)")
+    return value

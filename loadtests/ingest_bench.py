@@ -29,7 +29,7 @@ from gateway.ledger.base import LedgerStore
 from gateway.ledger.lifecycle import LedgerState
 from gateway.ledger.records import BatchOps, SaltDigestEntry
 from gateway.ledger.redis_store import RedisStore
-from gateway.ledger.salts import SaltIndex, salt_digest
+from gateway.ledger.salts import DigestLru, SaltIndex, salt_digest
 from gateway.ledger.sqlite_store import SqliteStore
 from gateway.ledger.writer import BatchWriter
 from gateway.policy.loader import PolicySet, load_policy_set
@@ -85,7 +85,7 @@ def _placeholder(block: int) -> dict[str, object]:
 
 
 def salt_index(policies: PolicySet) -> SaltIndex:
-    index = SaltIndex.build(policies, None, [])
+    index = SaltIndex.build(policies, None, DigestLru(len(TENANTS) + 1_000))
     index.add_users(SaltDigestEntry(tenant, 0, salt_digest(f"salt-{tenant}")) for tenant in TENANTS)
     return index
 

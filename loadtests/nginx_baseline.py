@@ -1,4 +1,4 @@
-"""nginx as a reference proxy on the same cores (the parity target of ../shared/design/proxy-costs.md).
+"""nginx as a reference proxy on the same cores (the parity target in docs/proxy-costs.md).
 
 One worker, `proxy_buffering off`, HTTP/1.1 keep-alive to the upstream: the configuration measured there.
 Used only where an `nginx` binary is installed (Debian: `apt-get install nginx-light`).

@@ -1,11 +1,11 @@
 """Proxy-overhead benchmark: kvgate (and nginx, where installed) against a direct connection to a fast upstream.
 
-Layout (see ../shared/design/proxy-costs.md): the fast upstream (loadtests.fast_upstream) and this process,
-the load generator, share the bench core; one gateway worker (`kvgate serve`), and nginx with one worker as a
-reference, run on the proxy core. Loopback only. For each concurrency, a phase per target (direct, gateway,
-nginx; order rotating) runs a warm-up, then a fixed measurement window. Reported per concurrency and target:
-client TTFT p50/p99, the TTFT added against direct, throughput and its ratio to direct, and the proxy's CPU
-per request (/proc/<pid>/stat); plus each proxy's idle RSS. With several rounds, figures are medians.
+Layout (as for the reference figures in docs/proxy-costs.md): the fast upstream (loadtests.fast_upstream) and this
+process, the load generator, share the bench core; one gateway worker (`kvgate serve`), and nginx with one worker as
+a reference, run on the proxy core. Loopback only. For each concurrency, a phase per target (direct, gateway, nginx;
+order rotating) runs a warm-up, then a fixed measurement window. Reported per concurrency and target: client TTFT
+p50/p99, the TTFT added against direct, throughput and its ratio to direct, and the proxy's CPU per request
+(/proc/<pid>/stat); plus each proxy's idle RSS. With several rounds, figures are medians.
 
     .venv/bin/python -m loadtests.proxy_overhead --out /tmp/proxy-overhead.json
 """

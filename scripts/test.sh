@@ -24,4 +24,15 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check . >/dev/null 2>&1 || echo "note: ruff format would reformat some files"
 .venv/bin/mypy
-.venv/bin/python -m pytest "$@"
+# --- coverage floor (issue 17; keep this block separate) ---------------------------------------------------
+# Line coverage of gateway/, the servers the tests start included ([tool.coverage.run] patch = subprocess).
+# Measured on 2026-12-01 (main at b49de36 merged) over the unit and gateway tiers alone, in random order
+# (493 tests): 66.08 % of 10,656 statements, so the floor for the whole suite is 66. The other tiers only add to
+# it. A run narrowed by arguments (`bash scripts/test.sh tests/unit`) skips the floor.
+COVERAGE_FLOOR=66
+coverage_args=()
+if [ "$#" -eq 0 ]; then
+  coverage_args=(--cov=gateway --cov-report=term:skip-covered --cov-fail-under="$COVERAGE_FLOOR")
+fi
+# --- end of coverage floor ---------------------------------------------------------------------------------
+.venv/bin/python -m pytest "${coverage_args[@]}" "$@"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,8 +10,8 @@ from typing import Any
 import yaml
 
 from gateway.keys import hash_key, new_key
-from gateway.salts import derive_salt
 from tests.procs import ServerProcess, free_port, kvgate_command, run_server
+from tests.salt_vectors import GATEWAY_SECRET, known_salt
 
 
 class PolicyDir:
@@ -48,11 +47,13 @@ class PolicyDir:
 
 
 def new_secret() -> str:
-    return "test-" + secrets.token_hex(16)
+    """The salt secret of a served gateway: fixed, so expected salts can be literal known-answer vectors."""
+    return GATEWAY_SECRET
 
 
 def expected_salt(secret: str, tenant: str, epoch: int = 1, user: str | None = None) -> str:
-    return derive_salt(secret.encode(), tenant, epoch, user)
+    """The salt the product must derive, from tests/salt_vectors.py (never from gateway.salts)."""
+    return known_salt(secret, tenant, epoch, user)
 
 
 @contextmanager

@@ -21,7 +21,7 @@ LEAVES = {
 LAYERS: dict[str, int] = {
     **dict.fromkeys(LEAVES, 0),
     "policy": 1, "routes": 1, "asgi": 1, "storage": 1,
-    "proxy": 2, "kvevents": 2, "connectors": 2,
+    "proxy": 2, "kvevents": 2, "connectors": 2, "strict": 2, "epochs": 2,
     "shadow": 3, "ledger": 3, "reuse": 3, "plan": 3, "limits": 3, "canary": 3,
     "http": 4,
     "cli": 5, "devtools": 5, "__main__": 5,
@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
 # Same-layer imports between different units are forbidden unless listed here (importer -> allowed imports).
 SAME_LAYER_ALLOWED: dict[str, set[str]] = {
     "routes": {"policy"},  # a route names the key scope it needs
-    "proxy": {"connectors"},  # LMCache pools get the tenant tag in kv_transfer_params
+    "proxy": {"connectors", "strict"},  # LMCache pools get the tenant tag; the rewrite checks body fields first
     "ledger": {"reuse"},  # `tenant forget` erases the tenant's reuse trace with its ledger records
     "plan": {"reuse", "ledger"},
     "canary": {"reuse"},

@@ -122,6 +122,9 @@ def render(report: dict[str, Any], fmt: str) -> str:
 def _rows(report: dict[str, Any]) -> list[tuple[Any, ...]]:
     rows = []
     for tenant, media in report["tenants"].items():
+        if "not_auditable" in media:
+            rows.append((tenant, media["not_auditable"], *[""] * (len(COLUMNS) - 2)))
+            continue
         for medium, view in media.items():
             violations = view["violations"]
             rows.append((tenant, medium, view["stored"], view["removed"], view["resident"], view["unknown"],

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gateway.connectors.capabilities import connector_warnings
+from gateway.epochs.floor import FloorStoreUnavailable, floor_problems
 from gateway.keys import hash_key, new_key, policy_line
+from gateway.policy.advice import policy_warnings
 from gateway.policy.loader import PolicyLoadError, load_policy_set, missing_credentials
+from gateway.settings import Settings
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -71,6 +75,18 @@ def _policy_check(args: argparse.Namespace) -> int:
         for problem in error.problems:
             print(problem, file=sys.stderr)
         return 1
+    settings = Settings()
+    try:
+        below = asyncio.run(floor_problems(settings.redis_url, settings.state_path, policies))
+    except FloorStoreUnavailable as error:
+        print(f"warning: the salt-epoch floors could not be read ({error}); not checked", file=sys.stderr)
+        below = []
+    for problem in below:
+        print(problem, file=sys.stderr)
+    if below:
+        return 1
+    for warning in policy_warnings(policies):
+        print(f"warning: {warning}", file=sys.stderr)
     for pool in missing_credentials(policies.gateway, os.environ):
         variable = policies.gateway.pools[pool].api_key_env
         print(f"warning: pools.{pool}.api_key_env: ${variable} is not set here; `kvgate serve` refuses to start "

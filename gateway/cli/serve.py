@@ -12,7 +12,9 @@ from pydantic import ValidationError
 from gateway.http.app import GatewayApp
 from gateway.log import configure_logging
 from gateway.policy.loader import PolicyLoadError, load_policy_set
-from gateway.settings import Settings
+from gateway.settings import SaltSecretError, Settings, salt_secret_bytes
+
+STARTUP_FAILED = 3
 
 
 def run_gateway(overrides: dict[str, Any]) -> int:
@@ -21,8 +23,10 @@ def run_gateway(overrides: dict[str, Any]) -> int:
     except ValidationError as error:
         print(f"invalid settings: {error}", file=sys.stderr)
         return 2
-    if settings.salt_secret is None:
-        print("KVGATE_SALT_SECRET must be set (the secret cache salts are derived from)", file=sys.stderr)
+    try:
+        salt_secret_bytes(settings)
+    except SaltSecretError as error:
+        print(str(error), file=sys.stderr)
         return 2
     try:
         load_policy_set(settings.policies, os.environ)
@@ -35,5 +39,6 @@ def run_gateway(overrides: dict[str, Any]) -> int:
         lifespan="on", access_log=False, log_level="warning", server_header=False, date_header=False,
         proxy_headers=False,  # the gateway never reads the client address, so skip that middleware
     )
-    uvicorn.Server(config).run()
-    return 0
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else STARTUP_FAILED  # e.g. a policy set below a tenant's salt-epoch floor

@@ -24,7 +24,8 @@ from gateway.policy.loader import KeyGrant, PolicySet
 from gateway.proxy.otel_metrics import OtelGenAIMetrics
 from gateway.proxy.record import Exchange, record
 from gateway.routes import FORWARDED_KINDS, ROUTES, RouteSpec
-from gateway.settings import Settings
+from gateway.settings import Settings, salt_secret_bytes
+from gateway.strict.request_fields import FieldRefused
 
 log = get_logger(__name__)
 UNMATCHED_ROUTE = "unmatched"
@@ -32,10 +33,8 @@ UNMATCHED_ROUTE = "unmatched"
 
 class GatewayApp:
     def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
-        if settings.salt_secret is None:
-            raise ValueError("KVGATE_SALT_SECRET is required")
         self.settings = settings
-        self.secret = settings.salt_secret.get_secret_value().encode()
+        self.secret = salt_secret_bytes(settings)
         self.metrics = GatewayMetrics(registry or CollectorRegistry())
         self.genai = OtelGenAIMetrics(self.metrics.registry) if settings.otel_metrics else None
         self._state: State | None = None
@@ -90,6 +89,8 @@ class GatewayApp:
             state.metrics.auth_failures.labels(error.reason).inc()
         elif isinstance(error, Forbidden):
             state.metrics.auth_failures.labels("scope").inc()
+        elif isinstance(error, FieldRefused) and ex.tenant:
+            state.metrics.engine_fields.labels(ex.tenant, error.field, "refused").inc()
         await send_error(send, error, [(b"x-request-id", ex.request_id.encode())])
 
     async def _serve(self, state: State, ex: Exchange, scope: Scope, receive: Receive, send: Send) -> None:

@@ -69,7 +69,7 @@ async def _plan(state: State, policies: PolicySet, scope: Scope) -> tuple[int, A
 
 
 async def _reload(state: State, policies: PolicySet, scope: Scope) -> tuple[int, Any]:
-    changed = state.holder.reload()
+    changed = await state.holder.reload_async()
     return 200, {"reloaded": changed, "policy_version": state.holder.current.version}
 
 

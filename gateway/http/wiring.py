@@ -12,12 +12,14 @@ from pathlib import Path
 import aiohttp
 
 from gateway.canary.runner import CanaryRunner
+from gateway.epochs.floor import open_floor_store
+from gateway.epochs.guard import EpochFloorGuard
 from gateway.ledger.feature import UserSaltFeature
 from gateway.ledger.service import LedgerService
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import ShadowOutcome
-from gateway.policy.loader import PolicySet, load_policy_set
+from gateway.policy.loader import PolicyLoadError, PolicySet, load_policy_set
 from gateway.policy.reloader import PolicyHolder
 from gateway.proxy.balance import UpstreamHealth
 from gateway.proxy.features import Features, RequestFeature
@@ -57,12 +59,22 @@ class State:
     storage: Storage
     canary: CanaryRunner
     reuse: ReuseTrace | None = None
+    floors: EpochFloorGuard | None = None
     ready: bool = True
 
 
 async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, genai: OtelGenAIMetrics | None) -> State:
     policies = load_policy_set(Path(settings.policies), os.environ)
+    storage = await Storage.open(settings.redis_url, settings.state_path)
+    floors = EpochFloorGuard(await open_floor_store(storage))
+    try:
+        await floors.start(policies)  # a set below a tenant's salt-epoch floor never comes into force
+    except PolicyLoadError:
+        await storage.close()
+        raise
     holder = PolicyHolder(Path(settings.policies), policies, metrics, os.environ)
+    holder.gate = floors
+    holder.listeners.append(floors.on_installed)
     metrics.prime(policies.tenants, ShadowOutcome)
     holder.listeners.append(lambda current: metrics.prime(current.tenants, ShadowOutcome))
     metrics.prime_admission(returning_tenants(policies))
@@ -70,7 +82,6 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     session = new_session(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
     tasks = TaskSupervisor("gateway")
     tasks.spawn(holder.watch(settings.reload_interval_s), "policy-watch")
-    storage = await Storage.open(settings.redis_url, settings.state_path)
     ledger = await LedgerService.open(settings, metrics, holder, tasks)
     health = UpstreamHealth()
     shadow = _shadow_runner(settings, metrics, health, tasks, await open_shadow_store(storage))
@@ -81,7 +92,7 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
              features=[feature.name for feature in features.all])
     proxy = Proxy(session, secret, health, features, MissPath(session, secret, metrics, ledger.remember_user_salt))
     canary = _canary(session, secret, metrics, holder, tasks)
-    return State(holder, metrics, session, proxy, features, tasks, shadow, ledger, storage, canary, reuse)
+    return State(holder, metrics, session, proxy, features, tasks, shadow, ledger, storage, canary, reuse, floors)
 
 
 def _canary(session: aiohttp.ClientSession, secret: bytes, metrics: GatewayMetrics, holder: PolicyHolder,

@@ -1,1 +1,1 @@
-"""Block-lifecycle ledger (contract §6): attribution, lifecycle, stores, audit report, service."""
+"""Block-lifecycle ledger (docs/reports.md): attribution, lifecycle, stores, audit report, service."""

@@ -22,6 +22,7 @@ class LedgerSettings(BaseSettings):
     compact_interval_s: float = Field(default=600.0, gt=0)  # how often closed records past that are compacted
     known_hashes: int = Field(default=1_000_000, ge=1_000)  # hash -> tenant memory for chain attribution
     sqlite_busy_timeout_ms: int = Field(default=10_000, ge=0)  # wait for another writer's lock, then retry later
+    user_salts: int = Field(default=100_000, ge=100)  # salt digests remembered (LRU), ~150 bytes each
     redis_prefix: str = "kvgate:ledger:"
 
     def timing(self) -> SubscriberTiming:

@@ -30,7 +30,13 @@ class EpochChange:
 def forget_tenant(directory: Path, tenant: str) -> EpochChange:
     path = _tenant_file(directory, tenant)
     text = path.read_text()
-    old = TenantPolicy.model_validate(yaml.safe_load(text)).cache.salt_epoch
+    policy = TenantPolicy.model_validate(yaml.safe_load(text))
+    if policy.cache.isolation == "none":
+        raise ForgetError(
+            f"{tenant!r} has cache.isolation: none, so its requests carry no cache_salt and its salt epoch "
+            "changes nothing: its cached blocks could still be hit. Set cache.isolation to tenant or user first "
+            "(that alone makes its earlier unsalted blocks unreachable to it).")
+    old = policy.cache.salt_epoch
     updated = with_salt_epoch(text, old + 1)
     if TenantPolicy.model_validate(yaml.safe_load(updated)).cache.salt_epoch != old + 1:
         raise ForgetError(f"{path}: could not raise cache.salt_epoch")  # pragma: no cover - defensive

@@ -1,4 +1,4 @@
-"""The ledger's Prometheus metrics (contract §4), fed only by batches this process wrote to the store,
+"""The ledger's Prometheus metrics (docs/metrics.md), fed only by batches this process wrote to the store,
 so replicas sharing one stream add up to one count. Tenant labels are configured tenants or
 `unattributed`; records of tenants no longer configured are left out of metrics (the audit still shows them).
 """
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from prometheus_client import Counter as PromCounter
 
 from gateway.ledger.records import BatchOps, OpenOp
+from gateway.ledger.salts import DigestLru
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import RESERVED_TENANT
@@ -20,6 +21,7 @@ class LedgerMetrics:
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
         self._resident_labels: set[tuple[str, str]] = set()
+        self._evicted_seen = 0
         registry = metrics.registry
         self.store_errors = PromCounter(
             "kvgate_ledger_store_errors", "Ledger store writes or reads that failed (kept and retried), by kind: "
@@ -30,6 +32,13 @@ class LedgerMetrics:
         self.spool_dropped_events = PromCounter(
             "kvgate_ledger_spool_dropped_events", "Block events dropped because the spool was full (their batch is "
             "recorded as a gap).", registry=registry)
+
+    def user_salts(self, remembered: DigestLru) -> None:
+        self.metrics.user_salts_remembered.set(len(remembered))
+        evicted = remembered.evicted - self._evicted_seen
+        if evicted > 0:
+            self.metrics.user_salts_evicted.inc(evicted)
+            self._evicted_seen = remembered.evicted
 
     def store_error(self, kind: str) -> None:
         self.store_errors.labels(kind).inc()

@@ -1,4 +1,4 @@
-"""The audit report (contract §6) from block records. Pure: records, policies and a clock in; JSON out.
+"""The audit report (docs/reports.md) from block records. Pure: records, policies and a clock in; JSON out.
 
 Window semantics with `since`: stored = stored at or after it; removed, lifetimes and closed_by = removed at
 or after it; resident and unknown = open now (unknown: its source went silent, so whether vLLM still holds it
@@ -34,9 +34,10 @@ from gateway.ledger.records import (
     TenantPolicyRecord,
 )
 from gateway.policy.loader import PolicySet
-from gateway.policy.model import RESERVED_TENANT
+from gateway.policy.model import RESERVED_TENANT, TenantPolicy
 
 BASE_MEDIA = ("GPU", "CPU")
+NOT_AUDITABLE = "not auditable (no salt)"
 
 
 @dataclass
@@ -105,7 +106,8 @@ def build_report(inputs: AuditInputs, policies: PolicySet, window: Window, tenan
         "gaps": _gaps(policies, inputs),
         # What the events of LMCache pools never report: such blocks stay resident here, never shown removed.
         "unobserved": _unobserved(policies),
-        "tenants": {name: _tenant_view(judges.get(name), tallies.get(name, {}), window, gap_reasons)
+        "tenants": {name: _tenant_view(judges.get(name), tallies.get(name, {}), window, gap_reasons,
+                                       policies.tenants.get(name))
                     for name in names},
         "judged_against_last_policy": {name: judges[name].policy_version for name in names
                                        if name in judges and not judges[name].in_force},
@@ -188,7 +190,10 @@ def _tenant_names(policies: PolicySet, tallies: dict[str, Any], only: str | None
 
 def _tenant_view(
     judge: Judge | None, media: dict[str, MediumTally], window: Window, gap_reasons: list[str],
+    policy: TenantPolicy | None = None,
 ) -> dict[str, Any]:
+    if policy is not None and policy.cache.isolation == "none":
+        return {"not_auditable": NOT_AUDITABLE}  # its blocks carry no salt: they are under `unattributed`
     allowed = judge.media if judge is not None else ()
     names = list(BASE_MEDIA) + sorted((set(allowed) | set(media)) - set(BASE_MEDIA))
     return {name: _medium_view(media.get(name, MediumTally()), gap_reasons) for name in names}
@@ -250,7 +255,8 @@ def build_summary_report(
         "since": None,
         "gaps": _gaps(policies, inputs),
         "unobserved": _unobserved(policies),
-        "tenants": {name: _tenant_view(judges.get(name), tallies.get(name, {}), window, gap_reasons)
+        "tenants": {name: _tenant_view(judges.get(name), tallies.get(name, {}), window, gap_reasons,
+                                       policies.tenants.get(name))
                     for name in names},
         "judged_against_last_policy": {name: judges[name].policy_version for name in names
                                        if name in judges and not judges[name].in_force},

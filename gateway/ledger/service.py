@@ -10,6 +10,7 @@ foresaw), it is logged, counted and started again after a pause.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import time
 from collections import OrderedDict, deque
@@ -32,7 +33,7 @@ from gateway.ledger.factory import open_store
 from gateway.ledger.lifecycle import LedgerState, SourceEnd
 from gateway.ledger.observe import LedgerMetrics
 from gateway.ledger.records import PRESUMED_RESTART, RESTART, BatchOps, GapRecord, TenantPolicyRecord
-from gateway.ledger.salts import SaltIndex, user_salt_entry
+from gateway.ledger.salts import DigestLru, SaltIndex, tenant_salt_entry, user_salt_entry
 from gateway.ledger.writer import BatchWriter
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
@@ -42,7 +43,6 @@ from gateway.settings import Settings
 from gateway.tasks import TaskSupervisor
 
 log = get_logger(__name__)
-REMEMBERED_USERS = 1_000_000  # (tenant, epoch, user) triples kept to make repeat calls free
 RESUBSCRIBE_DELAY_S = 1.0
 RESTART_DELAY_S = 1.0  # before a ledger task that ended is started again
 CLOCK_SAMPLES = 256  # receive-time samples per source for the clock-offset estimate
@@ -68,14 +68,16 @@ class LedgerService:
         self.holder = holder
         self.secret = secret
         self.metrics = LedgerMetrics(metrics)
-        self.salts = SaltIndex.build(holder.current, secret, [])
+        self.salts = SaltIndex.build(holder.current, secret, DigestLru(config.user_salts))
         self.state = LedgerState(self.salts, KnownHashes(config.known_hashes))
         self.writer = BatchWriter(store, config.spool_events, self._applied, self._dropped, self.metrics.store_error)
         self._tasks = tasks
         self._own: list[asyncio.Task[Any]] = []
         self._subscribers: dict[str, tuple[SourceSpec, asyncio.Task[Any]]] = {}
         self._cursors: dict[str, Cursor] = {}
-        self._remembered: OrderedDict[tuple[str, int, str], None] = OrderedDict()
+        # Requests already remembered, keyed by a 16-byte digest of (tenant, epoch, user), never the user itself:
+        # repeat calls are one dict lookup, and memory per entry is fixed whatever the `user` length.
+        self._remembered: OrderedDict[bytes, None] = OrderedDict()
         self._salt_position = 0
         self._clock_samples: dict[str, deque[float]] = {}
         self.clock_offsets: dict[str, float] = {}  # source -> gateway time - publisher time (estimate)
@@ -117,6 +119,7 @@ class LedgerService:
         self._own.append(self._keep_running("ledger-retention-sweep", self._sweep_loop))
         self._own.append(self._keep_running("ledger-compaction", self._compaction_loop))
         self._plan(self.holder.current)
+        self._remember_tenant_epochs(self.holder.current)
         self.holder.listeners.append(self._on_policies)
 
     async def close(self) -> None:
@@ -152,15 +155,30 @@ class LedgerService:
 
     def remember_user_salt(self, tenant: str, epoch: int, user: str) -> None:
         """Called per request for `isolation: user`; memory only, repeat calls are a dict lookup."""
-        key = (tenant, epoch, user)
-        if key in self._remembered or self.secret is None:
+        if self.secret is None:
+            return
+        key = hashlib.blake2b(f"{tenant}\0{epoch}\0{user}".encode(), digest_size=16).digest()
+        if key in self._remembered:
+            self._remembered.move_to_end(key)
             return
         self._remembered[key] = None
-        if len(self._remembered) > REMEMBERED_USERS:
+        if len(self._remembered) > self.config.user_salts:
             self._remembered.popitem(last=False)
         entry = user_salt_entry(self.secret, tenant, epoch, user)
         self.salts.add_users([entry])
         self.writer.add_salts([entry])
+        self.metrics.user_salts(self.salts.remembered)
+
+    def _remember_tenant_epochs(self, policies: PolicySet) -> None:
+        """Every epoch in force is recorded (as a digest) so late events under it are still attributed, here
+        and after a restart, without ever deriving the epochs in between."""
+        if self.secret is None:
+            return
+        entries = [tenant_salt_entry(self.secret, name, tenant.cache.salt_epoch)
+                   for name, tenant in policies.tenants.items()]
+        self.salts.add_users(entries)
+        self.writer.add_salts(entries)
+        self.metrics.user_salts(self.salts.remembered)
 
     # -- audit -----------------------------------------------------------------------------------
 
@@ -222,8 +240,9 @@ class LedgerService:
     # -- policies and subscribers ------------------------------------------------------------------
 
     def _on_policies(self, policies: PolicySet) -> None:
-        self.salts = SaltIndex.build(policies, self.secret, self.salts.users())
+        self.salts = SaltIndex.build(policies, self.secret, self.salts.remembered)
         self.state.salts = self.salts
+        self._remember_tenant_epochs(policies)
         self._plan(policies)
 
     def _plan(self, policies: PolicySet) -> None:
@@ -296,6 +315,7 @@ class LedgerService:
         entries, self._salt_position = await self.store.salt_entries(self._salt_position)
         if entries:
             self.salts.add_users(entries)
+            self.metrics.user_salts(self.salts.remembered)
 
     async def _compaction_loop(self) -> None:
         """Closed records past the horizon leave the store; the audit's totals (kept by the store) keep them."""

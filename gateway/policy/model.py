@@ -1,4 +1,4 @@
-"""Pydantic models of the policy directory (contract §2). Pure data, no I/O."""
+"""Pydantic models of the policy directory (docs/policies.md). Pure data, no I/O."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 DEFAULT_MEDIA: tuple[Medium, ...] = ("GPU", "CPU")
 PUBLIC_CAPABLE_PATHS = frozenset({"/livez", "/readyz", "/metrics"})
+GATEWAY_ENV_PREFIX = "KVGATE_"
+MAX_SALT_EPOCH = 1_000_000  # a counter raised by `tenant forget`; a date-like value is a mistake
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class Strict(BaseModel):
@@ -66,6 +69,16 @@ class PoolConfig(Strict):
                 raise ValueError(f"upstream {url!r} must start with http:// or https://")
         return [url.rstrip("/") for url in urls]
 
+    @field_validator("api_key_env")
+    @classmethod
+    def _not_a_gateway_variable(cls, name: str | None) -> str | None:
+        # The key is sent upstream as a bearer token: naming KVGATE_SALT_SECRET (or any setting) would leak it.
+        if name is not None and name.upper().startswith(GATEWAY_ENV_PREFIX):
+            raise ValueError(f"{name!r} is a gateway setting; name a variable that holds only the upstream's key")
+        if name is not None and not ENV_NAME.match(name):
+            raise ValueError("must be an environment variable name (letters, digits, '_', not starting with a digit)")
+        return name
+
 
 class GatewayConfig(Strict):
     pools: dict[str, PoolConfig] = Field(min_length=1)
@@ -102,7 +115,7 @@ class KeyEntry(Strict):
 
 class CachePolicy(Strict):
     isolation: Literal["tenant", "user", "none"] = "tenant"
-    salt_epoch: int = Field(default=1, ge=0)
+    salt_epoch: int = Field(default=1, ge=0, le=MAX_SALT_EPOCH)
     client_salt: Literal["reject", "replace"] = "reject"
 
 
@@ -155,6 +168,13 @@ class ShadowPolicy(Strict):
         return self
 
 
+class EngineFieldsPolicy(Strict):
+    """Body fields that steer vLLM rather than the generated text (gateway/strict/request_fields.py)."""
+
+    steering: Literal["drop", "reject"] = "drop"  # priority, session_id, request_id, data_parallel_rank, vllm_xargs
+    responses_store: bool = False  # allow previous_response_id, store and background on /v1/responses
+
+
 class TenantPolicy(Strict):
     tenant: str
     keys: list[KeyEntry] = Field(default_factory=list)
@@ -162,6 +182,7 @@ class TenantPolicy(Strict):
     offload: OffloadPolicy = Field(default_factory=OffloadPolicy)
     rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
     shadow: ShadowPolicy = Field(default_factory=ShadowPolicy)
+    engine_fields: EngineFieldsPolicy = Field(default_factory=EngineFieldsPolicy)
     measure_ttft: bool = False
 
     @field_validator("tenant")

@@ -6,12 +6,23 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicyLoadError, PolicySet, directory_version, load_policy_set
 
 log = get_logger(__name__)
+
+
+class ReloadGate(Protocol):
+    """A last check before a valid set is installed (the salt-epoch floor, gateway/epochs)."""
+
+    def check_cached(self, candidate: PolicySet) -> list[str]: ...
+
+    async def admit(self, candidate: PolicySet) -> list[str]: ...
+
+    async def settle(self) -> None: ...
 
 
 class PolicyHolder:
@@ -24,6 +35,7 @@ class PolicyHolder:
         self.current = initial
         self.metrics = metrics
         self.listeners: list[Callable[[PolicySet], None]] = []
+        self.gate: ReloadGate | None = None
         self._seen_version = initial.version
         self._wake = asyncio.Event()
         metrics.policy_reloads.labels("ok").inc()
@@ -34,14 +46,34 @@ class PolicyHolder:
         self._wake.set()
 
     def reload(self) -> bool:
-        """Load the directory; True if a new set is now in force."""
+        """Load the directory; True if a new set is now in force (the gate checked against cached state)."""
+        candidate = self._candidate()
+        if candidate is None:
+            return False
+        problems = self.gate.check_cached(candidate) if self.gate is not None else []
+        return self._admit(candidate, problems)
+
+    async def reload_async(self) -> bool:
+        """Load the directory; True if a new set is now in force (the gate asks its store)."""
+        candidate = self._candidate()
+        if candidate is None:
+            return False
+        problems = await self.gate.admit(candidate) if self.gate is not None else []
+        return self._admit(candidate, problems)
+
+    def _candidate(self) -> PolicySet | None:
+        """A valid set that differs from the one in force, or None (a failure is logged and counted)."""
         try:
             candidate = load_policy_set(self.directory, self.environ)
         except (PolicyLoadError, OSError) as error:
             self._reject(error)
-            return False
+            return None
         self._seen_version = candidate.version
-        if candidate.version == self.current.version:
+        return None if candidate.version == self.current.version else candidate
+
+    def _admit(self, candidate: PolicySet, problems: list[str]) -> bool:
+        if problems:
+            self._reject(PolicyLoadError(problems))
             return False
         self._install(candidate)
         return True
@@ -66,7 +98,9 @@ class PolicyHolder:
                 await asyncio.wait_for(self._wake.wait(), timeout=interval_s)
             self._wake.clear()
             if _safe_version(self.directory) != self._seen_version:
-                self.reload()
+                await self.reload_async()
+            if self.gate is not None:
+                await self.gate.settle()
 
 
 def _safe_version(directory: Path) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
+from gateway.proxy.sse import stream_objects
 
 
 @dataclass
@@ -27,7 +27,7 @@ class StreamAssembler:
 
     def result(self) -> tuple[int, dict[str, Any]]:
         """(HTTP status, body): 200 and the assembled object, or 500 and an upstream error event."""
-        chunks = list(_data_objects(bytes(self._buffer)))
+        chunks = list(stream_objects(bytes(self._buffer)))
         error = next((chunk for chunk in chunks if "error" in chunk), None)
         if error is not None:
             return 500, error
@@ -70,18 +70,3 @@ def _add_choice(target: ChoiceText, choice: dict[str, Any], chat: bool) -> None:
         target.parts.append(piece)
     target.finish_reason = choice.get("finish_reason") or target.finish_reason
     target.stop_reason = choice.get("stop_reason", target.stop_reason)
-
-
-def _data_objects(stream: bytes) -> list[dict[str, Any]]:
-    objects = []
-    for line in stream.split(b"\n"):
-        payload = line[5:].strip() if line.startswith(b"data:") else b""
-        if not payload or payload == b"[DONE]":
-            continue
-        try:
-            parsed = msgspec.json.decode(payload)
-        except msgspec.DecodeError:
-            continue
-        if isinstance(parsed, dict):
-            objects.append(parsed)
-    return objects

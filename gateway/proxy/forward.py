@@ -75,6 +75,7 @@ class Proxy:
         body = await self._body(scope, receive, route, policies)
         prepared = self._prepare(body, route, tenant, scope)
         ex.model = prepared.model if prepared is not None else None
+        ex.dropped_fields = prepared.dropped_fields if prepared is not None else ()
         ex.pool = choose_pool(policies, tenant, prepared.user if prepared else None, ex.request_id)
         pool = policies.gateway.pools[ex.pool]
         call = Call(ex.request_id, policies, tenant, route, ex.pool, pool, prepared)

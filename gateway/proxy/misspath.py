@@ -30,7 +30,7 @@ import msgspec
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import PoolConfig
 from gateway.proxy.features import Call, Outbound
-from gateway.proxy.sse import CONTENT_EVENT
+from gateway.proxy.sse import first_outcome
 from gateway.routes import Kind
 from gateway.salts import derive_salt
 
@@ -41,7 +41,6 @@ HONOURS_MAX_LOAD_FROM = (0, 32, 0)
 VERSION_TIMEOUT_S = 2.0
 MAX_REMEMBERED_UPSTREAMS = 1024
 PEEK_LIMIT_BYTES = 64 * 1024  # an answer with no content after this much is relayed as it is
-ERROR_EVENT = re.compile(rb'(?:^|\n)data: ?\{"error"')
 VERSION_NUMBERS = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
 
 
@@ -140,12 +139,11 @@ async def peek_stream(response: aiohttp.ClientResponse) -> Peeked:
     async for chunk in response.content.iter_any():
         chunks.append(chunk)
         region += chunk
-        error = ERROR_EVENT.search(region)
-        content = CONTENT_EVENT.search(region)
-        if error is not None and (content is None or error.start() < content.start()):
+        outcome = first_outcome(region)  # read as events, whatever JSON or SSE style upstream writes
+        if outcome == "error":
             chunks += [rest async for rest in _rest(response, len(region))]
             return Peeked(chunks, True)
-        if content is not None or len(region) > PEEK_LIMIT_BYTES:
+        if outcome == "content" or len(region) > PEEK_LIMIT_BYTES:
             break
     return Peeked(chunks, False)
 

@@ -36,6 +36,7 @@ class Exchange:
     capture: bytearray | None = None  # the primary's reply bytes, kept only for shadowed requests
     admission: str | None = None  # the offload admission decision (returning, new, short), when the tenant has one
     miss_path: list[dict[str, str]] | None = None  # the first failure and each retry, when the miss path ran
+    dropped_fields: tuple[str, ...] = ()  # engine-steering body fields removed by policy
 
 
 def record(metrics: GatewayMetrics, exchange: Exchange) -> None:
@@ -52,6 +53,8 @@ def _record_tenant_metrics(metrics: GatewayMetrics, exchange: Exchange) -> None:
     metrics.duration.labels(tenant, pool, route).observe(exchange.duration_s)
     if exchange.ttft_s is not None:
         metrics.ttft.labels(tenant, pool, route).observe(exchange.ttft_s)
+    for name in exchange.dropped_fields:
+        metrics.engine_fields.labels(tenant, name, "dropped").inc()
     if exchange.usage is not None:
         metrics.prompt_tokens.labels(tenant, pool).inc(exchange.usage.prompt_tokens)
         metrics.cached_prompt_tokens.labels(tenant, pool).inc(exchange.usage.cached_tokens)

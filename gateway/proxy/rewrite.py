@@ -1,4 +1,4 @@
-"""Request body rewriting (contract §3): salt, KV-transfer caps, stream options.
+"""Request body rewriting (docs/http.md): salt, KV-transfer caps, stream options.
 
 Only the fields named here change; every other field of the client's JSON is forwarded as sent.
 """
@@ -16,6 +16,7 @@ from gateway.errors import BadRequest
 from gateway.policy.model import OffloadPolicy, TenantPolicy
 from gateway.routes import Kind, RouteSpec, StreamStyle
 from gateway.salts import derive_salt
+from gateway.strict.request_fields import apply_engine_policy, check_types
 
 CAP_KEYS = ("max_load_tokens", "max_offload_tokens")
 
@@ -33,6 +34,7 @@ class RewrittenRequest:
     affinity: str  # salt and the start of the prompt: requests sharing both can share cached blocks
     # `lmcache.*` entries for pools whose connector is LMCache (the tenant tag, skip_save); added per pool
     lmcache: dict[str, Any] = dataclass_field(default_factory=dict)
+    dropped_fields: tuple[str, ...] = ()  # engine-steering fields removed by policy (counted in metrics)
 
     @property
     def body(self) -> bytes:
@@ -55,6 +57,8 @@ def rewrite_request(
 ) -> RewrittenRequest:
     request = parse_json_object(body)
     kind = route.kind
+    check_types(request, route)
+    dropped = apply_engine_policy(request, route, tenant.engine_fields)
     user = header_user if header_user is not None else _body_user(request)
     _apply_salt(request, tenant, secret, user)
     if kind is Kind.GENERATE:
@@ -77,6 +81,7 @@ def rewrite_request(
         deterministic=_deterministic(request),
         affinity=f"{request.get('cache_salt', tenant.tenant)}:{prompt_prefix(request)}",
         lmcache=_lmcache(request, tenant, secret) if kind is Kind.GENERATE else {},
+        dropped_fields=tuple(dropped),
     )
 
 
@@ -146,7 +151,8 @@ def _client_transfer_params(value: object) -> dict[str, Any]:
         if key not in CAP_KEYS:
             raise BadRequest(f"kv_transfer_params.{key} is not allowed.", param=f"kv_transfer_params.{key}")
         if cap is not None and (type(cap) is not int or cap < 0):
-            raise BadRequest(f"kv_transfer_params.{key} must be a non-negative integer.", param=key)
+            raise BadRequest(f"kv_transfer_params.{key} must be a non-negative integer.",
+                             param=f"kv_transfer_params.{key}")
     return dict(value)
 
 

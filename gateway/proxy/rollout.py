@@ -1,4 +1,4 @@
-"""Which pool serves a request (contract §7): a deterministic, monotone percentage split."""
+"""Which pool serves a request (docs/policies.md, `rollout`): a deterministic, monotone percentage split."""
 
 from __future__ import annotations
 

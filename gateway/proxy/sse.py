@@ -1,22 +1,38 @@
-"""Watch an SSE byte stream as it passes: first generated content, and the usage event.
+"""Read SSE streams from vLLM: first generated content, the usage event, and the events' JSON objects.
 
-Bytes are scanned, not parsed: only the one event that carries usage is decoded. When the gateway
-asked upstream for usage the client did not want, that event is cut out of the stream.
+The one `data:` reader of the gateway. It works on events, not on byte patterns, so any valid serialisation
+of the same events gives the same answers: spaces after `:` and `,`, any key order, escaped characters
+(`\\u0041`), CRLF or CR line ends, `data:` with or without its space, data split over several lines.
+
+Cost on the relay path is kept to what the answer needs: an event's JSON is decoded only while the first
+content is still unseen (vLLM's role chunk; its first token chunk is recognised by a byte pattern of vLLM's
+own style, a shortcut that is only ever trusted when it matches), or when the event can name a `usage` key
+at all (the word itself, or a `\\u` escape that could spell it). Other events pass with two substring scans.
+When the gateway asked upstream for usage the client did not want, the usage-only event is cut out.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 EVENT_END = b"\n\n"
-# A text/content/delta string with at least one character, a reasoning string, or a tool call.
-CONTENT_EVENT = re.compile(rb'"(?:text|content|delta|reasoning_content|reasoning)":"[^"]|"tool_calls":\[\{')
-USAGE_MARK = b'"usage":{'
-FINAL_USAGE_MARKS = (b'"choices":[]', b'"response.completed"')
+USAGE_WORD = b"usage"
+ESCAPE = b"\\u"  # a key written with \u escapes could spell "usage"
+BACKSLASH = ord("\\")
+CR = ord("\r")
+LF = ord("\n")
+DONE = b"[DONE]"
+RESPONSES_COMPLETED = "response.completed"
+RESPONSES_TEXT_DELTA = "response.output_text.delta"
+DELTA_CONTENT_KEYS = ("content", "reasoning_content", "reasoning")
+# A shortcut, not the rule: in vLLM's compact style this byte pattern is a key with a non-empty string (or a
+# tool-call list) — a certain positive without decoding. Any other style falls through to the decoded check.
+COMPACT_CONTENT = re.compile(rb'"(?:text|content|delta|reasoning_content|reasoning)":"[^"]|"tool_calls":\[\{')
 
 
 @dataclass
@@ -42,15 +58,201 @@ def usage_from_body(body: dict[str, Any]) -> Usage | None:
 
 
 def usage_from_json(body: bytes) -> Usage | None:
-    try:
-        parsed = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return None
-    return usage_from_body(parsed) if isinstance(parsed, dict) else None
+    parsed = _decode(body)
+    return usage_from_body(parsed) if parsed is not None else None
 
 
 def _int(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+# -- the one reader of SSE events --------------------------------------------------------------------
+
+
+def normalise_line_ends(data: bytes) -> bytes:
+    """CRLF and lone CR become LF (the three line ends SSE allows)."""
+    if CR not in data:
+        return data
+    return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+
+def event_data(event: bytes) -> bytes:
+    """The data of one event (LF line ends): its `data:` lines without the one optional space, joined by LF."""
+    if event.startswith(b"data:") and LF not in event:
+        value = event[5:]
+        return value[1:] if value.startswith(b" ") else value
+    lines = []
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(lines)
+
+
+def _decode(data: bytes) -> dict[str, Any] | None:
+    try:
+        parsed = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def event_object(event: bytes) -> dict[str, Any] | None:
+    """The JSON object an event carries; None for `[DONE]`, comments and anything that is not an object."""
+    data = event_data(event).strip()
+    if not data or data == DONE:
+        return None
+    return _decode(data)
+
+
+def split_events(stream: bytes) -> list[bytes]:
+    """The events of a whole stream, in order (line ends normalised, without their blank lines)."""
+    return [event for event in normalise_line_ends(stream).split(EVENT_END) if event.strip(b"\n")]
+
+
+def stream_payloads(stream: bytes) -> list[bytes]:
+    """The data of every event of a whole stream that carries any, in order, without `[DONE]`."""
+    payloads = []
+    for event in normalise_line_ends(stream).split(EVENT_END):
+        one_line = event.startswith(b"data: ") and LF not in event  # vLLM's own shape, read without a split
+        data = event[6:] if one_line else event_data(event.strip(b"\n")).strip()
+        if data and data != DONE:
+            payloads.append(data)
+    return payloads
+
+
+def stream_objects(stream: bytes) -> Iterator[dict[str, Any]]:
+    """The JSON object of every event of a whole stream, in order."""
+    for data in stream_payloads(stream):
+        parsed = _decode(data)
+        if parsed is not None:
+            yield parsed
+
+
+# -- what events mean ---------------------------------------------------------------------------------
+
+
+def has_content(chunk: dict[str, Any]) -> bool:
+    """Generated content: a non-empty text, content or reasoning string, a tool call, or a Responses delta."""
+    choices = chunk.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if isinstance(choice, dict) and _choice_has_content(choice):
+                return True
+    delta = chunk.get("delta")
+    return isinstance(delta, str) and delta != ""
+
+
+def _choice_has_content(choice: dict[str, Any]) -> bool:
+    text = choice.get("text")
+    if isinstance(text, str) and text:
+        return True
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return False
+    for key in DELTA_CONTENT_KEYS:
+        value = delta.get(key)
+        if isinstance(value, str) and value:
+            return True
+    calls = delta.get("tool_calls")
+    return isinstance(calls, list) and len(calls) > 0
+
+
+def is_final_usage(chunk: dict[str, Any]) -> bool:
+    """The event that closes a stream with its usage: an empty-choices chunk, or Responses' completed event."""
+    if chunk.get("type") == RESPONSES_COMPLETED:
+        return True
+    return is_usage_chunk(chunk)
+
+
+def is_usage_chunk(chunk: dict[str, Any]) -> bool:
+    """A chat/completions chunk that only carries usage (the one stripped when the client did not ask)."""
+    choices = chunk.get("choices")
+    return isinstance(chunk.get("usage"), dict) and isinstance(choices, list) and not choices
+
+
+def text_pieces(chunk: dict[str, Any]) -> list[str]:
+    """Generated text in a chunk: completions `text`, chat `delta.content`, Responses output-text deltas."""
+    pieces = []
+    choices = chunk.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            piece = choice.get("text")
+            if not isinstance(piece, str):
+                piece = delta.get("content") if isinstance(delta, dict) else None
+            if isinstance(piece, str):
+                pieces.append(piece)
+    if chunk.get("type") == RESPONSES_TEXT_DELTA and isinstance(chunk.get("delta"), str):
+        pieces.append(chunk["delta"])
+    return pieces
+
+
+class _TextDelta(msgspec.Struct):
+    content: Any = None
+
+
+class _TextChoice(msgspec.Struct):
+    text: Any = None
+    delta: _TextDelta | None = None
+
+
+class _TextChunk(msgspec.Struct):
+    """Only the fields generated text is read from; msgspec skips the rest without building them."""
+
+    choices: list[_TextChoice] | None = None
+    type: Any = None
+    delta: Any = None
+
+
+_TEXT_CHUNKS = msgspec.json.Decoder(list[_TextChunk])
+
+
+def stream_text(stream: bytes) -> str:
+    """The generated text of a whole stream (see `text_pieces`), read with one typed decode when it can be."""
+    try:
+        chunks = _TEXT_CHUNKS.decode(b"[" + b",".join(stream_payloads(stream)) + b"]")
+    except (msgspec.DecodeError, RecursionError):  # some event is not a chunk object: read them one by one
+        return "".join(piece for chunk in stream_objects(stream) for piece in text_pieces(chunk))
+    return "".join(piece for chunk in chunks for piece in _typed_pieces(chunk))
+
+
+def _typed_pieces(chunk: _TextChunk) -> list[str]:
+    pieces = []
+    for choice in chunk.choices or ():
+        piece = choice.text if isinstance(choice.text, str) else (
+            choice.delta.content if choice.delta is not None else None)
+        if isinstance(piece, str):
+            pieces.append(piece)
+    if chunk.type == RESPONSES_TEXT_DELTA and isinstance(chunk.delta, str):
+        pieces.append(chunk.delta)
+    return pieces
+
+
+def first_outcome(region: bytes) -> Literal["content", "error"] | None:
+    """Among the complete events of a stream's first bytes: whether generated content or an error event comes
+    first, or None while neither has (the miss path's peek)."""
+    normalised = normalise_line_ends(region)
+    complete = normalised[: normalised.rfind(EVENT_END) + len(EVENT_END)] if EVENT_END in normalised else b""
+    for event in complete.split(EVENT_END):
+        parsed = event_object(event) if event.strip(b"\n") else None
+        if parsed is None:
+            continue
+        if isinstance(parsed.get("error"), dict) or parsed.get("type") == "error":
+            return "error"
+        if has_content(parsed):
+            return "content"
+    return None
+
+
+def _may_name_usage(event: bytes) -> bool:
+    # Integer membership is a memchr: far cheaper than a bytes search, and most events have no backslash.
+    return USAGE_WORD in event or (BACKSLASH in event and ESCAPE in event)
+
+
+# -- the relay's watch ---------------------------------------------------------------------------------
 
 
 class StreamWatch:
@@ -60,51 +262,67 @@ class StreamWatch:
         self.strip_usage = strip_usage
         self.content_seen = False
         self.usage: Usage | None = None
-        self._tail = b""  # bytes of an event that is not complete yet
+        self._tail = b""  # bytes of an event that is not complete yet (line ends normalised)
+        self._skip_lf = False
 
     def feed(self, chunk: bytes) -> tuple[bytes, bool]:
-        """(bytes to forward, whether this chunk carried the first generated content)."""
-        region = self._tail + chunk if self._tail else chunk
+        """(bytes to forward, whether this chunk completed the first event with generated content)."""
+        data = chunk
+        if self._skip_lf:  # the last chunk ended in CR: an LF first here is the rest of that CRLF
+            self._skip_lf = False
+            if data[:1] == b"\n":
+                data = data[1:]
+        region = self._tail + data if self._tail else data
+        if CR in region:
+            self._skip_lf = region.endswith(b"\r")
+            region = normalise_line_ends(region)
         end = region.rfind(EVENT_END)
         cut = end + len(EVENT_END) if end >= 0 else 0
         complete, self._tail = region[:cut], region[cut:]
-        first = not self.content_seen and CONTENT_EVENT.search(region) is not None
-        self.content_seen = self.content_seen or first
-        if USAGE_MARK in complete:
-            complete = self._take_usage(complete)
-        forward = complete if self.strip_usage else chunk
-        return forward, first
+        if not complete or (self.content_seen and USAGE_WORD not in complete
+                            and (BACKSLASH not in complete or ESCAPE not in complete)):
+            return (complete if self.strip_usage else chunk), False  # the common case, kept inline
+        complete, first = self._scan(complete)
+        return (complete if self.strip_usage else chunk), first
 
     def flush(self) -> bytes:
         """Whatever is left at the end of the stream (a final event without its blank line)."""
         rest, self._tail = self._tail, b""
-        return rest if self.strip_usage else b""
+        if not rest.strip(b"\r\n"):
+            return rest if self.strip_usage else b""
+        kept, _ = self._scan(normalise_line_ends(rest).rstrip(b"\n") + EVENT_END)
+        return kept if self.strip_usage else b""
 
-    def _take_usage(self, complete: bytes) -> bytes:
-        kept = []
+    def _scan(self, complete: bytes) -> tuple[bytes, bool]:
+        """Look at each complete event; returns the events to forward and whether content first appeared."""
+        first = False
+        kept: list[bytes] = []
+        cut_any = False
         for event in complete.split(EVENT_END)[:-1]:
-            if USAGE_MARK in event and any(mark in event for mark in FINAL_USAGE_MARKS):
-                self.usage = _event_usage(event) or self.usage
-                if self.strip_usage and b'"choices":[]' in event:
-                    continue
+            names_usage = _may_name_usage(event)
+            if not self.content_seen and not names_usage and COMPACT_CONTENT.search(event) is not None:
+                self.content_seen = first = True  # vLLM's own style, found without decoding
+                kept.append(event + EVENT_END)
+                continue
+            parsed = event_object(event) if not self.content_seen or names_usage else None
+            if parsed is not None:
+                if not self.content_seen and has_content(parsed):
+                    self.content_seen = first = True
+                if is_final_usage(parsed):
+                    self.usage = usage_from_body(parsed) or self.usage
+                    if self.strip_usage and is_usage_chunk(parsed):
+                        cut_any = True
+                        continue
             kept.append(event + EVENT_END)
-        return b"".join(kept)
+        return (b"".join(kept) if cut_any else complete), first
 
 
 def stream_usage(stream: bytes) -> Usage | None:
     """Usage of a whole SSE stream: its last event that carries usage (the final one when usage is continuous)."""
-    mark = stream.rfind(USAGE_MARK)
-    if mark < 0:
-        return None
-    start = stream.rfind(EVENT_END, 0, mark)
-    end = stream.find(EVENT_END, mark)
-    return _event_usage(stream[start + len(EVENT_END) if start >= 0 else 0 : end if end >= 0 else len(stream)])
-
-
-def _event_usage(event: bytes) -> Usage | None:
-    data = b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
-    try:
-        parsed = msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        return None
-    return usage_from_body(parsed) if isinstance(parsed, dict) else None
+    for event in reversed(split_events(stream)):
+        if _may_name_usage(event):
+            parsed = event_object(event)
+            usage = usage_from_body(parsed) if parsed is not None else None
+            if usage is not None:
+                return usage
+    return None

@@ -1,7 +1,7 @@
 """Upstream HTTP: one pooled aiohttp session, pool/upstream choice, and one place that maps errors.
 
 aiohttp is used instead of plain httpx because its C HTTP parser costs about a quarter of the CPU per
-streamed response (measured: loadtests/proxy_overhead.py and ../shared/design/proxy-costs.md).
+streamed response (measured: loadtests/proxy_overhead.py; reference figures in docs/proxy-costs.md).
 """
 
 from __future__ import annotations

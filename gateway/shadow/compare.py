@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+
+from gateway.proxy.sse import stream_text
 
 
 @dataclass(frozen=True)
@@ -51,30 +52,19 @@ def pair_record(tenant: str, pools: tuple[str, str], primary: ArmResult, shadow:
     )
 
 
+SSE_STARTS = (b"data:", b"event:", b"id:", b"retry:", b":")  # the fields (or a comment) an SSE stream opens with
+
+
 def generated_text(raw: bytes) -> str | None:
     """The text an arm generated, from an SSE stream or a JSON body; None if it cannot be read."""
     stripped = raw.lstrip()
-    if stripped.startswith((b"data:", b"event:")):
-        return _stream_text(stripped)
+    if stripped.startswith(SSE_STARTS):
+        return stream_text(stripped)
     try:
         body = msgspec.json.decode(stripped)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     return "".join(_body_texts(body)) if isinstance(body, dict) else None
-
-
-# The string values an SSE stream carries generated text in: completions `text`, chat `delta.content`,
-# Responses-API `delta`. Matching the escaped JSON strings keeps this to one C-level scan per stream.
-STREAM_TEXT = re.compile(rb'"(?:text|content|delta)":"((?:[^"\\]|\\.)*)"')
-
-
-def _stream_text(raw: bytes) -> str:
-    escaped = b"".join(STREAM_TEXT.findall(raw))
-    try:
-        text = msgspec.json.decode(b'"' + escaped + b'"')
-    except msgspec.DecodeError:
-        return ""
-    return text if isinstance(text, str) else ""
 
 
 def _body_texts(body: dict[str, Any]) -> list[str]:

@@ -4,7 +4,8 @@ Each record holds what a proxy's tests need to prove about what reached the serv
 text: method, path, query, the `X-Request-Id`, the received headers (credentials -- authorization, x-api-key,
 cookie, proxy-authorization -- only as the SHA-256 hex of their value, in `credential_sha256`), what the body
 said about `model`, `cache_salt`, `kv_transfer_params`, `stream` and `stream_options`, token counts (cached
-tokens split into `gpu_hit_tokens` and CPU `loaded_tokens`), `planned_prefill_ms` (the TTFT model's prefill time
+tokens split into `gpu_hit_tokens` and CPU `loaded_tokens`), the body's top-level field names (`body_keys`) and
+its `store` value, `planned_prefill_ms` (the TTFT model's prefill time
 for this request, without queueing or delay directives), the status sent and the outcome:
 
 - `in_progress`: still running;
@@ -55,6 +56,8 @@ class RequestRecord:
     loaded_tokens: int | None = None
     planned_prefill_ms: float | None = None
     completion_tokens: int | None = None
+    body_keys: list[str] | None = None  # the body's top-level field names (never values)
+    store: Any = None
 
     def note_body(self, body: dict[str, Any]) -> None:
         """Remember what the request body said about the fields a gateway rewrites."""
@@ -66,6 +69,8 @@ class RequestRecord:
         self.kv_transfer_params = body.get("kv_transfer_params")
         self.stream = body.get("stream")
         self.stream_options_present = "stream_options" in body
+        self.body_keys = sorted(body)
+        self.store = body.get("store")
 
     def note_prefill(self, gpu_hit: int, loaded: int, prefill_s: float) -> None:
         """The engine's view: cached tokens by tier and the TTFT model's prefill time (without queueing)."""

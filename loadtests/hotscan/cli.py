@@ -40,7 +40,7 @@ from loadtests.hotscan.run import Arm, render_summary, run_arm, write_report
 from loadtests.hotscan.workload import Answer, ArmSummary, HotScan
 
 ARMS = ("all", "returning")
-UPSTREAM_KEY_ENV = "KVGATE_HOTSCAN_UPSTREAM_KEY"
+UPSTREAM_KEY_ENV = "VLLM_HOTSCAN_UPSTREAM_KEY"
 RESTART_TIMEOUT_S = 600.0
 
 

@@ -199,8 +199,15 @@ run_one() {  # run_one RUN SCENARIO_COPY OFFLOAD_SETTING CONTROL_SETTING FRESH R
     return
   fi
   log "$run: traffic (at most $limit s): $(head -c 200 "$KVG/plan/$run.run.sh")"
+  local capturer=""
+  if [ -n "${CAPTURE_EVENTS:-}" ]; then   # the offload server's KV-event stream, verbatim, for a fixture
+    gw "$KVG/src/scripts/gpu/capture_kv_events.py" --endpoint "tcp://127.0.0.1:$(events_of offload)" \
+      --out "$dir/kv-events.jsonl" --seconds "$limit" > "$dir/capture.log" 2>&1 &
+    capturer=$!
+  fi
   PYTHONPATH=$KVG/gw-site:$KVG/src PYTHONUNBUFFERED=1 timeout "$limit" bash "$KVG/plan/$run.run.sh" > "$dir/loadtest.log" 2>&1
   rc=$?
+  if [ -n "$capturer" ]; then kill -TERM "$capturer" 2>/dev/null; wait "$capturer" 2>/dev/null; fi
   tail -15 "$dir/loadtest.log"
   capture "$dir" after
   if [ -n "${AFTER_RUN:-}" ]; then

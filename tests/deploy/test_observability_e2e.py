@@ -86,7 +86,7 @@ def sim(stack: ExitStack, workdir: Path, name: str, key: str, events_port: int, 
 
 
 def policies(root: Path, sims: dict[str, tuple[ServerProcess, int]]) -> tuple[PolicyDir, str]:
-    pools = {name: {"upstreams": [server.url], "api_key_env": f"KVGATE_E2E_{name.upper()}_KEY",
+    pools = {name: {"upstreams": [server.url], "api_key_env": f"VLLM_E2E_{name.upper()}_KEY",
                     "kv_events": [f"tcp://127.0.0.1:{port}"]} for name, (server, port) in sims.items()}
     policy = PolicyDir(root, pools, public_paths=["/livez", "/readyz"])
     policy.add_tenant("acme", shadow={"pool": "control", "sample": 1.0, "max_in_flight": 8})
@@ -186,7 +186,7 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
         publish_unseen_batches(servers["offload"], upstream_keys["offload"])
         policy, metrics_key = policies(workdir / "policies",
                                                   {name: (servers[name], ports[name]) for name in servers})
-        env = {f"KVGATE_E2E_{name.upper()}_KEY": key for name, key in upstream_keys.items()}
+        env = {f"VLLM_E2E_{name.upper()}_KEY": key for name, key in upstream_keys.items()}
         env["KVGATE_OTEL_METRICS"] = "true"
         gateway = stack.enter_context(run_gateway(policy.root, workdir / "gateway.log", new_secret(), env))
         key_file = workdir / "metrics.key"

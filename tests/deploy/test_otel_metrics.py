@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -46,12 +47,34 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return sum(v for (sample, have), v in samples(registry).items() if sample == name and wanted <= have)
 
 
+# The OpenTelemetry GenAI semantic conventions' advised bucket boundaries, written out from the conventions
+# (not from gateway.otel_metrics), and compared with what a scrape actually shows.
+CONVENTION_BUCKETS: dict[str, list[float]] = {
+    "gen_ai_server_request_duration_seconds": [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
+                                               20.48, 40.96, 81.92],
+    "gen_ai_server_time_to_first_token_seconds": [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                                                  1.0, 2.5, 5.0, 7.5, 10.0],
+    "gen_ai_server_time_per_output_token_seconds": [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                                                    1.0, 2.5],
+    "gen_ai_client_token_usage": [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216,
+                                  67108864],
+}
+
+
 def test_the_conventions_buckets() -> None:
-    assert REQUEST_DURATION_BUCKETS[0] == 0.01 and REQUEST_DURATION_BUCKETS[-1] == 81.92
-    assert len(REQUEST_DURATION_BUCKETS) == 14
-    assert TTFT_BUCKETS[0] == 0.001 and TTFT_BUCKETS[-1] == 10.0 and len(TTFT_BUCKETS) == 16
-    assert TIME_PER_OUTPUT_TOKEN_BUCKETS[0] == 0.01 and TIME_PER_OUTPUT_TOKEN_BUCKETS[-1] == 2.5
-    assert TOKEN_USAGE_BUCKETS[0] == 1 and TOKEN_USAGE_BUCKETS[-1] == 67108864
+    registry = CollectorRegistry()
+    OtelGenAIMetrics(registry).record(Finished(usage=Usage(prompt_tokens=100, cached_tokens=64, completion_tokens=5)))
+    exposed: dict[str, set[float]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            if sample.name.endswith("_bucket") and sample.labels["le"] != "+Inf":
+                exposed.setdefault(sample.name.removesuffix("_bucket"), set()).add(float(sample.labels["le"]))
+    assert {name: sorted(bounds) for name, bounds in exposed.items()} == {
+        name: [float(bound) for bound in bounds] for name, bounds in CONVENTION_BUCKETS.items()}
+    assert list(REQUEST_DURATION_BUCKETS) == pytest.approx(CONVENTION_BUCKETS["gen_ai_server_request_duration_seconds"])
+    assert list(TTFT_BUCKETS) == CONVENTION_BUCKETS["gen_ai_server_time_to_first_token_seconds"]
+    assert list(TIME_PER_OUTPUT_TOKEN_BUCKETS) == CONVENTION_BUCKETS["gen_ai_server_time_per_output_token_seconds"]
+    assert list(TOKEN_USAGE_BUCKETS) == CONVENTION_BUCKETS["gen_ai_client_token_usage"]
 
 
 def test_a_streamed_chat_request_records_every_instrument() -> None:

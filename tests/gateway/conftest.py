@@ -15,7 +15,7 @@ from tests.procs import ServerProcess, free_port, kvgate_command, run_server
 
 SIM_MODEL = "sim-model"
 UPSTREAM_KEY = "upstream-secret-key"
-UPSTREAM_KEY_ENV = "KVGATE_TEST_UPSTREAM_KEY"
+UPSTREAM_KEY_ENV = "UPSTREAM_TEST_KEY"
 
 
 @dataclass

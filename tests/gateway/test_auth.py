@@ -125,11 +125,27 @@ def test_scopes(stack: Stack, tenant: str, path: str, allowed: bool) -> None:
     assert status == (200 if allowed else 403)
 
 
+def _auth_failures(stack: Stack) -> dict[str, float]:
+    text = send(stack, "GET", "/metrics", bearer(stack.key("ops"))).text
+    prefix = 'kvgate_auth_failures_total{reason="'
+    return {line[len(prefix):].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith(prefix)}
+
+
 def test_auth_failures_are_counted_by_reason(stack: Stack) -> None:
-    send(stack, "GET", "/v1/models", {"Authorization": "Basic x"})
-    metrics = send(stack, "GET", "/metrics", bearer(stack.key("ops"))).text
-    for reason in ("missing", "unknown_key", "malformed", "conflicting", "scope"):
-        assert f'kvgate_auth_failures_total{{reason="{reason}"}}' in metrics
+    """Each reason is caused here, once, and must rise by exactly one (no reliance on earlier tests)."""
+    causes = {
+        "missing": {},
+        "unknown_key": bearer("kvg_not-a-real-key"),
+        "malformed": {"Authorization": "Basic x"},
+        "conflicting": {**bearer(stack.key("acme")), "x-api-key": stack.key("beta")},
+        "scope": bearer(stack.key("acme")),
+    }
+    for reason, headers in causes.items():
+        before = _auth_failures(stack).get(reason, 0.0)
+        path = "/metrics" if reason == "scope" else "/v1/models"
+        assert send(stack, "GET", path, headers).status_code == (403 if reason == "scope" else 401)
+        assert _auth_failures(stack).get(reason, 0.0) == before + 1, reason
 
 
 def test_admin_policies_shows_no_key_material(stack: Stack) -> None:

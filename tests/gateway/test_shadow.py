@@ -18,7 +18,7 @@ from tests.procs import ServerProcess, free_port, run_server
 
 DEADLINE_S = 30.0
 CONTROL_KEY = "control-pool-key"  # the control pool's upstream has a key of its own
-CONTROL_KEY_ENV = "KVGATE_TEST_CONTROL_KEY"
+CONTROL_KEY_ENV = "UPSTREAM_TEST_CONTROL_KEY"
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,8 @@ def corrupt_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
         yield server
 
 
-def shadow_gateway(tmp: Path, primary: str, shadow: str, max_in_flight: int = 4) -> tuple[PolicyDir, str, Any]:
+def shadow_gateway(tmp: Path, primary: str, shadow: str, max_in_flight: int = 4,
+                   env: dict[str, str] | None = None) -> tuple[PolicyDir, str, Any]:
     pools = {"offload": {"upstreams": [primary], "api_key_env": UPSTREAM_KEY_ENV},
              "control": {"upstreams": [shadow], "api_key_env": CONTROL_KEY_ENV}}
     policy = PolicyDir(tmp / "policies", pools, public_paths=["/livez"])
@@ -43,8 +44,8 @@ def shadow_gateway(tmp: Path, primary: str, shadow: str, max_in_flight: int = 4)
     policy.add_tenant("root", scopes=("admin", "metrics"))
     policy.write()
     secret = new_secret()
-    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY, CONTROL_KEY_ENV: CONTROL_KEY}
-    gateway = run_gateway(policy.root, tmp / "gateway.log", secret, env)
+    gateway_env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY, CONTROL_KEY_ENV: CONTROL_KEY, **(env or {})}
+    gateway = run_gateway(policy.root, tmp / "gateway.log", secret, gateway_env)
     return policy, secret, gateway
 
 

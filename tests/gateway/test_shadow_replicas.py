@@ -7,7 +7,6 @@ reads the same SQLite file the gateway wrote, including results still batched in
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import pytest
 from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV
 from tests.harness import PolicyDir, bearer, new_secret, run_gateway
 from tests.ledger.redis_proc import RedisProcess
-from tests.procs import ServerProcess, kvgate_command
+from tests.procs import ServerProcess, clean_environment, kvgate_command
 
 
 def ab_policy(root: Path, sim: ServerProcess) -> PolicyDir:
@@ -77,7 +76,7 @@ def test_cli_report_reads_the_embedded_store(sim: ServerProcess, tmp_path: Path)
         for index in range(3):
             send(gateway, policy.keys["ab"], f"cli {index}")
         wait_pairs(gateway, policy.keys["root"], 3)
-    cli_env = {**os.environ, "KVGATE_STATE_PATH": str(state)}
+    cli_env = clean_environment({"KVGATE_STATE_PATH": str(state)})
     as_json = subprocess.run(kvgate_command("shadow", "report", "--policies", str(policy.root), "--format", "json"),
                              capture_output=True, text=True, env=cli_env, check=True, timeout=60)
     report = json.loads(as_json.stdout)["tenants"]
@@ -107,7 +106,7 @@ def test_results_batched_in_memory_are_written_at_shutdown(sim: ServerProcess, t
         while compared_count(gateway, policy.keys["root"]) < 4 and time.monotonic() < deadline:
             time.sleep(0.05)  # polling until every shadow has settled into the recorder
         assert compared_count(gateway, policy.keys["root"]) == 4
-    cli_env = {**os.environ, "KVGATE_STATE_PATH": str(state)}
+    cli_env = clean_environment({"KVGATE_STATE_PATH": str(state)})
     as_json = subprocess.run(kvgate_command("shadow", "report", "--policies", str(policy.root), "--format", "json"),
                              capture_output=True, text=True, env=cli_env, check=True, timeout=60)
     assert json.loads(as_json.stdout)["tenants"]["ab"]["pairs"] == 4

@@ -128,8 +128,9 @@ def test_recorder_writer_loop_writes_without_being_asked(tmp_path: Path) -> None
         async with asyncio.TaskGroup() as group:
             writer = group.create_task(recorder.run())
             recorder.add_pair(pair("a", 0))
-            while not await recorder.store.counts("a"):
-                await asyncio.sleep(0.01)  # polling the store until the writer's batch lands
+            async with asyncio.timeout(30):  # a deadline for the poll, not a timing assertion
+                while not await recorder.store.counts("a"):
+                    await asyncio.sleep(0.01)  # polling the store until the writer's batch lands
             writer.cancel()
         assert await recorder.store.counts("a") == {"compared": 1}
         await storage.close()

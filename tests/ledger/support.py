@@ -22,9 +22,10 @@ from gateway.policy.reloader import PolicyHolder
 from gateway.settings import Settings
 from gateway.tasks import TaskSupervisor
 from tests.harness import PolicyDir
+from tests.salt_vectors import LEDGER_SECRET
 
 T = TypeVar("T")
-SECRET = "ledger-test-secret"
+SECRET = LEDGER_SECRET
 DEADLINE_S = 20.0
 
 

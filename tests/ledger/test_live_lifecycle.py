@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.harness import expected_salt
 from tests.ledger.publisher import VllmPublisher, cleared, placeholder, removed, stored
@@ -44,7 +47,9 @@ def test_only_blocks_that_outlive_retention_are_violations(
             assert acme["GPU"]["lifetime_max_s"] == 210.0 and acme["GPU"]["lifetime_p50_s"] == 10.0
             assert globex["GPU"]["violations"] == {"age": 0, "medium": 0}
             assert globex["CPU"]["violations"] == {"age": 0, "medium": 1}
-            assert acme["GPU"]["oldest_resident_age_s"] >= 300  # block 2, stored 300 s ago by vLLM's clock
+            # Block 2 was stored at now - 300; its age is judged at the report's own generation time.
+            generated = datetime.fromisoformat(report["generated_at"].replace("Z", "+00:00")).timestamp()
+            assert acme["GPU"]["oldest_resident_age_s"] == pytest.approx(generated - (now - 300), abs=0.002)
             await eventually(lambda: _value(ledger.sample("kvgate_retention_violations_total", tenant="acme",
                                                           kind="age")), lambda v: v == 3)
             assert ledger.sample("kvgate_retention_violations_total", tenant="globex", kind="medium") == 1

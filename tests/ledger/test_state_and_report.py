@@ -20,7 +20,7 @@ from gateway.ledger.records import (
     TenantPolicyRecord,
 )
 from gateway.ledger.report import AuditInputs, Window, build_report
-from gateway.ledger.salts import SaltIndex
+from gateway.ledger.salts import DigestLru, SaltIndex
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import GatewayConfig, TenantPolicy
 
@@ -28,7 +28,7 @@ ACME = Attribution("acme", 1)
 
 
 def _state(capacity: int = 1_000) -> LedgerState:
-    return LedgerState(SaltIndex(), KnownHashes(capacity))
+    return LedgerState(SaltIndex(DigestLru(100)), KnownHashes(capacity))
 
 
 def _stored(*hashes: int, parent: int | None = None, medium: str = "GPU") -> BlockStored:
@@ -36,7 +36,7 @@ def _stored(*hashes: int, parent: int | None = None, medium: str = "GPU") -> Blo
 
 
 def test_an_empty_cache_keeps_its_configured_size() -> None:
-    assert LedgerState(SaltIndex(), KnownHashes(5000)).known.capacity == 5000
+    assert LedgerState(SaltIndex(DigestLru(100)), KnownHashes(5000)).known.capacity == 5000
 
 
 def test_the_hash_cache_is_least_recently_used() -> None:

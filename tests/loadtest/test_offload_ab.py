@@ -89,9 +89,9 @@ def test_report_shape(report: dict[str, Any]) -> None:
 
 @pytest.mark.timeout(180)
 def test_cpu_tier_serves_the_return(report: dict[str, Any]) -> None:
+    # What each arm did (tokens cached, bytes loaded from the CPU tier), not how long it took: speed is the
+    # benchmark's business (loadtests/), and a measured margin here would depend on the machine's load.
     phases, metrics = report["phases"], report["upstream_metrics_delta"]
-    assert phases["return"]["offload"]["ttft_p50_s"] < phases["return"]["control"]["ttft_p50_s"]
-    assert phases["return"]["delta_ttft_p50_s"] < 0
     assert phases["return"]["offload"]["cached_tokens_mean"] == PREFIX  # every token loaded from the CPU tier
     assert phases["return"]["control"]["cached_tokens_mean"] == 0  # evicted and recomputed
     assert phases["repeat"]["offload"]["cached_tokens_mean"] == PREFIX - 16  # GPU hit, last block recomputed

@@ -42,6 +42,19 @@ def test_statistics_are_repeatable() -> None:
     assert quantile(values, 0.5) == 0.11
     assert quantile([1.0, 2.0], 0.5) == 1.5
     assert median_ci(values) == median_ci(values)
-    low, high = median_difference_ci([0.1, 0.11, 0.09], [0.23, 0.22, 0.24]) or (0.0, 0.0)
-    assert low <= high < 0
+    difference = median_difference_ci([0.1, 0.11, 0.09], [0.23, 0.22, 0.24])
+    assert difference is not None
+    low, high = difference
+    assert -0.15 <= low <= high <= -0.11  # every resampled difference lies between -0.15 and -0.11
     assert median_ci([]) is None
+    assert median_difference_ci([], [1.0]) is None
+
+
+def test_median_interval_brackets_the_median() -> None:
+    """A constant sample has a zero-width interval; a spread one brackets its median inside its range."""
+    assert median_ci([2.0] * 9) == (2.0, 2.0)
+    values = [float(index) for index in range(1, 42)]  # median 21
+    interval = median_ci(values)
+    assert interval is not None
+    low, high = interval
+    assert 1.0 < low < 21.0 < high < 41.0

@@ -76,16 +76,25 @@ class KvEventWatcher:
             self.events.extend(decode_batch(seq_bytes, payload))
             batches += 1
 
-    def wait_for(self, predicate: Callable[[KvEvent], bool], timeout_s: float = 10.0) -> KvEvent:
-        """The first collected event matching `predicate`, waiting for more events until the deadline."""
+    def drain(self, quiet_s: float = 0.2) -> int:
+        """Take in everything already published (until the socket stays quiet for `quiet_s`); returns the
+        number of events collected so far, to pass as `since` to `wait_for` after the next request. Events of
+        earlier requests then sit before that mark and can never satisfy a later check."""
+        while self.receive(quiet_s):
+            pass
+        return len(self.events)
+
+    def wait_for(self, predicate: Callable[[KvEvent], bool], since: int, timeout_s: float = 60.0) -> KvEvent:
+        """The first event collected at or after index `since` matching `predicate`, waiting for more events
+        until the deadline (a bound on waiting, not a timing assertion)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            for event in self.events:
+            for event in self.events[since:]:
                 if predicate(event):
                     return event
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                kinds = [event.kind for event in self.events[-20:]]
+                kinds = [event.kind for event in self.events[since:][-20:]]
                 raise AssertionError(f"no matching KV event within {timeout_s} s; last kinds seen: {kinds}")
             self.receive(min(remaining, 0.5))
 

@@ -25,11 +25,12 @@ from tests.procs import ServerProcess
 from tests.realvllm.kv_events import KvEvent, KvEventWatcher
 from tests.realvllm.prompts import long_prompt, short_prompt
 from tests.realvllm.tooling.vllm_server import RunningVllm
+from tests.salt_vectors import known_salt
 
 pytestmark = pytest.mark.realvllm
 
 POOL = "vllm"
-UPSTREAM_KEY_VARIABLE = "KVGATE_TEST_REAL_VLLM_KEY"
+UPSTREAM_KEY_VARIABLE = "UPSTREAM_TEST_REAL_VLLM_KEY"
 ALPHA_EPOCH = 3  # not the default, so a derivation that ignores the epoch is caught
 MAX_TOKENS = 8
 
@@ -41,6 +42,7 @@ class GatewayUnderTest:
     model: str
     alpha_key: str
     beta_key: str
+    gamma_key: str
     metrics_key: str
     admin_key: str
 
@@ -64,6 +66,7 @@ def policy_for(real_vllm: RunningVllm, root: Path) -> tuple[PolicyDir, str]:
     policies = PolicyDir(root, pools)
     policies.add_tenant("alpha", cache={"isolation": "tenant", "salt_epoch": ALPHA_EPOCH, "client_salt": "reject"})
     policies.add_tenant("beta", cache={"isolation": "tenant", "salt_epoch": 1, "client_salt": "replace"})
+    policies.add_tenant("gamma", cache={"isolation": "user", "salt_epoch": 1})
     metrics_key = policies.add_key("alpha", ("metrics", "admin"))
     return policies, metrics_key
 
@@ -82,6 +85,7 @@ def gateway(real_vllm: RunningVllm, tmp_path_factory: pytest.TempPathFactory) ->
             model=real_vllm.model_name,
             alpha_key=policies.keys["alpha"],
             beta_key=policies.keys["beta"],
+            gamma_key=policies.keys["gamma"],
             metrics_key=metrics_key,
             admin_key=metrics_key,
         )
@@ -239,8 +243,8 @@ def test_tenants_share_no_cached_prefix(gateway: GatewayUnderTest) -> None:
     assert alpha_first == 0
     assert alpha_repeat > 0
     assert beta_same_prompt == 0
-    # The counter is updated as the response completes; poll it rather than assume it is already there.
-    deadline = time.monotonic() + 5.0
+    # The counter is updated as the response completes; poll it (the deadline bounds the wait only).
+    deadline = time.monotonic() + 60.0
     while cached_prompt_tokens_metric(gateway, "alpha") < metric_before + alpha_repeat:
         assert time.monotonic() < deadline, "kvgate_cached_prompt_tokens_total{tenant=alpha} did not rise"
         time.sleep(0.05)
@@ -248,10 +252,11 @@ def test_tenants_share_no_cached_prefix(gateway: GatewayUnderTest) -> None:
 
 def test_vllm_receives_the_gateway_derived_salt(gateway: GatewayUnderTest, kv_events: KvEventWatcher) -> None:
     salt = contract_salt(gateway.secret, "alpha", ALPHA_EPOCH)
+    seen_before = kv_events.drain()  # only events of this request may satisfy the check
     with gateway.client(gateway.alpha_key) as client:
         client.completions.create(model=gateway.model, prompt=long_prompt(items=40), max_tokens=1)
 
-    kv_events.wait_for(is_root_stored_with(salt))
+    kv_events.wait_for(is_root_stored_with(salt), since=seen_before)
 
 
 def test_a_client_salt_is_rejected_for_a_rejecting_tenant(gateway: GatewayUnderTest) -> None:
@@ -271,7 +276,7 @@ def test_a_client_salt_is_rejected_for_a_rejecting_tenant(gateway: GatewayUnderT
 def test_a_client_salt_is_replaced_for_a_replacing_tenant(gateway: GatewayUnderTest, kv_events: KvEventWatcher) -> None:
     client_salt = f"client-chosen-{uuid.uuid4().hex}"
     derived = contract_salt(gateway.secret, "beta", 1)
-    seen_before = len(kv_events.events)
+    seen_before = kv_events.drain()  # earlier beta requests' events stay before this mark
     with gateway.client(gateway.beta_key) as client:
         client.completions.create(
             model=gateway.model,
@@ -280,9 +285,27 @@ def test_a_client_salt_is_replaced_for_a_replacing_tenant(gateway: GatewayUnderT
             extra_body={"cache_salt": client_salt},
         )
 
-    kv_events.wait_for(is_root_stored_with(derived))
+    kv_events.wait_for(is_root_stored_with(derived), since=seen_before)
     reached_vllm = client_salt in root_salts_since(kv_events.events, seen_before)
     assert not reached_vllm, "the client's cache_salt reached vLLM"
+
+
+def test_a_per_user_salt_reaches_vllm_and_its_blocks_the_ledger(
+    gateway: GatewayUnderTest, kv_events: KvEventWatcher
+) -> None:
+    """The `tenant:epoch:user` form end to end: the literal known-answer salt (tests/salt_vectors.py) is the
+    root salt vLLM reports, and the served ledger attributes those blocks to the user-isolated tenant."""
+    salt = known_salt(gateway.secret, "gamma", 1, "carol")
+    before = gpu_blocks_stored(gateway).get("gamma", 0)
+    seen_before = kv_events.drain()
+    with gateway.client(gateway.gamma_key) as client:
+        client.completions.create(model=gateway.model, prompt=long_prompt(items=40), max_tokens=1, user="carol")
+
+    kv_events.wait_for(is_root_stored_with(salt), since=seen_before)
+    deadline = time.monotonic() + 60
+    while gpu_blocks_stored(gateway).get("gamma", 0) <= before:
+        assert time.monotonic() < deadline, "the ledger never attributed gamma's blocks"
+        time.sleep(0.1)  # polling the audit until the engine's events have been ingested
 
 
 def gpu_blocks_stored(gateway: GatewayUnderTest) -> dict[str, int]:

@@ -52,9 +52,11 @@ def test_kv_events_carry_the_salt_on_stored_blocks(
     real_vllm: RunningVllm, vllm_http: httpx.Client, kv_events: KvEventWatcher
 ) -> None:
     salt = f"probe-{uuid.uuid4().hex}"
+    seen_before = kv_events.drain()
     completion(vllm_http, real_vllm.model_name, long_prompt(items=40), cache_salt=salt)
 
-    stored = kv_events.wait_for(lambda event: event.kind == "BlockStored" and event.salts()[:1] == [salt])
+    stored = kv_events.wait_for(lambda event: event.kind == "BlockStored" and event.salts()[:1] == [salt],
+                                since=seen_before)
 
     assert stored.fields["parent_block_hash"] is None  # the request's first block is a chain root
     assert stored.fields["block_size"] == BLOCK_SIZE

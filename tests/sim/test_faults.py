@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -84,6 +84,21 @@ def test_delay_directive_still_answers(sim: ServerProcess) -> None:
     assert reply.status_code == 200
 
 
+def test_delay_directive_holds_the_request_before_the_engine(sim: ServerProcess) -> None:
+    """A delay far longer than the test: the stream's headers arrive, the request is in flight but neither
+    waiting nor running in the engine; leaving ends it as aborted with no token generated."""
+    request_id = fresh_id()
+    body = stream_body("held [[sim:delay-ms=3600000]]", 4)
+    with httpx.stream("POST", f"{sim.url}/v1/completions", json=body, headers={"X-Request-Id": request_id},
+                      timeout=30) as reply:
+        assert reply.status_code == 200
+        assert poll(lambda: record_for(sim.url, request_id), what="the record of the held request")
+        state = httpx.get(f"{sim.url}/sim/state").json()
+        assert state["in_flight"] >= 1 and state["running"] == 0 and state["waiting"] == 0
+    record = outcome(sim.url, request_id, "aborted")
+    assert not record["completion_tokens"]
+
+
 def test_client_disconnect_stops_generation(sim: ServerProcess) -> None:
     request_id = fresh_id()
     aborts = metric_value(sim.url, "vllm:request_success_total", {"finished_reason": "abort"})
@@ -128,23 +143,25 @@ def test_operational_routes_are_stubs_that_leave_a_trace(sim: ServerProcess) -> 
 
 @pytest.fixture(scope="module")
 def slow_sim(start_sim: StartSim) -> Iterator[ServerProcess]:
-    """Prefill costs 2 ms per uncached token, so a 500-token prompt holds the engine for 1 s."""
-    with start_sim("--prefill-us-per-token", "2000", "--decode-ms-per-token", "0") as server:
+    """Prefill costs 1 s per uncached token, so a 500-token prompt holds the engine far longer than any test:
+    the queued state stays put until the clients leave (no window to catch by polling)."""
+    with start_sim("--prefill-us-per-token", "1000000", "--decode-ms-per-token", "0") as server:
         yield server
 
 
 def test_prefills_are_serialised(slow_sim: ServerProcess) -> None:
-    def send() -> int:
-        reply = httpx.post(f"{slow_sim.url}/v1/completions", json={"prompt": words(500), "max_tokens": 1},
-                           timeout=60)
-        return reply.status_code
-
     def queued() -> bool:
         state = httpx.get(f"{slow_sim.url}/sim/state").json()
         shown = (state["waiting"], state["running"], state["in_flight"]) == (1, 1, 2)
         return shown and metric_value(slow_sim.url, "vllm:num_requests_waiting") == 1
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        replies = [pool.submit(send) for _ in range(2)]
+    ids = [fresh_id(), fresh_id()]
+    with contextlib.ExitStack() as streams:
+        for request_id in ids:
+            reply = streams.enter_context(httpx.stream(
+                "POST", f"{slow_sim.url}/v1/completions", json=stream_body(words(500), 1),
+                headers={"X-Request-Id": request_id}, timeout=30))
+            assert reply.status_code == 200
         assert poll(queued, what="one request prefilling and one queued")
-        assert [r.result() for r in replies] == [200, 200]
+    assert [outcome(slow_sim.url, request_id, "aborted")["outcome"] for request_id in ids] == ["aborted"] * 2
+    assert poll(lambda: httpx.get(f"{slow_sim.url}/sim/state").json()["in_flight"] == 0, what="engine idle")

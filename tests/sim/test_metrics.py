@@ -48,7 +48,9 @@ def test_families_match_real_vllm(sim: ServerProcess) -> None:
     for name, (kind, labels) in mine.items():
         assert name in reference, name
         assert reference[name][0] == kind, name
-        assert labels == reference[name][1] or not labels, name
+        assert labels == reference[name][1] or not labels, name  # a family may have no samples yet
+    for name in REQUIRED:  # but every required family does, with vLLM's labels
+        assert mine[name][1] == reference[name][1], name
 
 
 def test_ttft_and_latency_buckets_are_vllms(sim: ServerProcess) -> None:

@@ -11,9 +11,9 @@ from gateway.errors import BadRequest
 from gateway.policy.model import TenantPolicy
 from gateway.proxy.rewrite import rewrite_request
 from gateway.routes import ROUTES
-from gateway.salts import derive_salt
+from tests.salt_vectors import UNIT_SECRET, known_salt
 
-SECRET = b"unit-secret"
+SECRET = UNIT_SECRET.encode()
 CHAT = ROUTES["/v1/chat/completions"]
 COMPLETIONS = ROUTES["/v1/completions"]
 RESPONSES = ROUTES["/v1/responses"]
@@ -32,14 +32,14 @@ def rewrite(body: dict[str, Any], policy: TenantPolicy, route: Any = CHAT, user:
 
 def test_salt_is_derived_per_tenant_and_epoch() -> None:
     body = rewrite({"model": "m", "messages": []}, tenant(cache={"salt_epoch": 3}))
-    assert body["cache_salt"] == derive_salt(SECRET, "acme", 3)
+    assert body["cache_salt"] == known_salt(UNIT_SECRET, "acme", 3)
     assert len(body["cache_salt"]) == 64
 
 
 def test_per_user_salt_uses_the_user_field() -> None:
     policy = tenant(cache={"isolation": "user"})
     body = rewrite({"model": "m", "prompt": "x", "user": "u1"}, policy, COMPLETIONS)
-    assert body["cache_salt"] == derive_salt(SECRET, "acme", 1, "u1")
+    assert body["cache_salt"] == known_salt(UNIT_SECRET, "acme", 1, "u1")
 
 
 def test_per_user_salt_needs_a_user() -> None:
@@ -62,7 +62,7 @@ def test_client_salt_rejected_by_default() -> None:
 
 def test_client_salt_replaced_when_policy_says_so() -> None:
     body = rewrite({"model": "m", "messages": [], "cache_salt": "other"}, tenant(cache={"client_salt": "replace"}))
-    assert body["cache_salt"] == derive_salt(SECRET, "acme", 1)
+    assert body["cache_salt"] == known_salt(UNIT_SECRET, "acme", 1)
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,14 @@ def test_summary_needs_enough_pairs_to_conclude() -> None:
     assert few["verdict"].startswith("too few pairs")
 
 
+@pytest.mark.parametrize(("pairs", "too_few"), [(19, True), (20, False)])
+def test_the_documented_threshold_is_20_pairs(pairs: int, too_few: bool) -> None:
+    """README: "too few pairs to conclude" below 20 pairs (a literal, not the module's constant)."""
+    summary = tenant_summary([_pair(-0.1 - index / 1000) for index in range(pairs)], {})
+    assert summary["verdict"].startswith("too few pairs") is too_few
+    assert summary["conclusive"] is not too_few
+
+
 def test_summary_finds_a_clear_effect_and_reports_mismatches() -> None:
     pairs = [_pair(-0.1 - index / 1000) for index in range(30)] + [_pair(-0.05, mismatch=True)]
     summary = tenant_summary(pairs, {"dropped": 2, "error": 1})

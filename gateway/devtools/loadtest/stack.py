@@ -18,7 +18,7 @@ from gateway.devtools.loadtest.policies import write_policy_dir
 from gateway.devtools.loadtest.targets import Targets, Upstream
 from gateway.devtools.localproc import ServerProcess, free_port, free_port_pair, kvgate_command, wait_until_ready
 
-UPSTREAM_KEY_ENV = {"offload": "KVGATE_LOADTEST_OFFLOAD_KEY", "control": "KVGATE_LOADTEST_CONTROL_KEY"}
+UPSTREAM_KEY_ENV = {"offload": "VLLM_LOADTEST_OFFLOAD_KEY", "control": "VLLM_LOADTEST_CONTROL_KEY"}
 READY_TIMEOUT_S = 60.0
 
 

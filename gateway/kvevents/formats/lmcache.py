@@ -150,18 +150,29 @@ class LMCacheDecoder:
     def _chunk(self, event: _TokenStored) -> BlockStored:
         medium = lmcache_medium(event.medium)
         chunk_hash = event.block_hashes[0] if event.block_hashes else 0
+        tokens = chunk_tokens(event)
         start = (0, 0) if event.parent_block_hash is None else self._chunks.get(event.parent_block_hash)
-        if start is None and event.token_ids and self._gpu_block_size:
-            start = self._block_start.get(hash(tuple(event.token_ids[: self._gpu_block_size])))
+        if start is None and tokens and self._gpu_block_size:
+            start = self._block_start.get(hash(tuple(tokens[: self._gpu_block_size])))
         root = None
-        if start is not None and event.token_ids and self._gpu_block_size:
-            prefix = extend(start, event.token_ids, self._gpu_block_size)
+        if start is not None and tokens and self._gpu_block_size:
+            prefix = extend(start, tokens, self._gpu_block_size)
             self._chunks.remember(chunk_hash, prefix)
             root = self._owner_of_prefix.get(prefix)
         hashes: list[HashValue] = event.block_hashes if root is None else [owned_hash(root, chunk_hash)]
         known = self._owned.get(chunk_hash, [])
         self._owned.remember(chunk_hash, known + [h for h in hashes if h not in known])
         return BlockStored(hashes, None, medium, None if root is None else [root])
+
+
+def chunk_tokens(event: _TokenStored) -> list[int]:
+    """The chunk's own tokens. vLLM 0.25.0 relays each LMCache chunk with `block_size` + 1 token ids: its own
+    tokens and the first token of the next chunk (seen in a capture from an H200 run, 2026-12-01:
+    tests/fixtures/vllm-0.25.0/kv-events/lmcache_kv_events.sample.jsonl). Only the first `block_size` are the chunk."""
+    tokens = event.token_ids or []
+    if event.block_size and len(tokens) > event.block_size:
+        return tokens[: event.block_size]
+    return tokens
 
 
 def owned_hash(root: Any, chunk_hash: HashValue) -> int:

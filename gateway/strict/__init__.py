@@ -1,0 +1,1 @@
+"""Strict handling of request-body fields: the types of fields the gateway reads, and the fields that steer vLLM."""

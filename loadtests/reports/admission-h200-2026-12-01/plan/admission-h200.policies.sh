@@ -1,0 +1,1 @@
+"$PY" -m loadtests.hotscan "$SCENARIO" --write-policies "$POLICIES" --upstream "$OFFLOAD_URL"

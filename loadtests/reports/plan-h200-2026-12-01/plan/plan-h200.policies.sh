@@ -1,0 +1,1 @@
+"$PY" -m gateway.devtools.loadtest "$SCENARIO" --write-policies "$POLICIES" --upstream offload=$OFFLOAD_URL

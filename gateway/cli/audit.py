@@ -1,4 +1,4 @@
-"""`kvgate audit` and `kvgate tenant forget`: the ledger from the command line.
+"""`kvgate audit`, `kvgate tenant forget` and `kvgate ledger reset-source`: the ledger from the command line.
 
 `kvgate audit` reads the store directly (SQLite at KVGATE_STATE_PATH, or Redis at KVGATE_REDIS_URL), so it
 works whether or not a gateway is running. Run as `python -m gateway.cli.audit` too.
@@ -23,10 +23,12 @@ from gateway.ledger.audit import collect_audit
 from gateway.ledger.config import LedgerSettings
 from gateway.ledger.factory import open_store
 from gateway.ledger.forget import ForgetError, forget_tenant
+from gateway.ledger.report import iso
+from gateway.ledger.reset import ResetError, reset_source
 from gateway.policy.loader import PolicyLoadError, PolicySet, load_policy_set
 from gateway.settings import Settings
 
-COLUMNS = ("tenant", "medium", "stored", "removed", "resident", "lifetime_p50_s", "lifetime_p99_s",
+COLUMNS = ("tenant", "medium", "stored", "removed", "resident", "unknown", "lifetime_p50_s", "lifetime_p99_s",
            "lifetime_max_s", "oldest_resident_age_s", "age_violations", "medium_violations")
 
 
@@ -53,7 +55,11 @@ def run_audit(args: argparse.Namespace) -> int:
     if args.tenant is not None and args.tenant not in policies.tenants and args.tenant != "unattributed":
         print(f"unknown tenant {args.tenant!r}", file=sys.stderr)
         return 1
-    report = asyncio.run(_read_report(settings, policies, args.tenant, args.since))
+    try:
+        report = asyncio.run(_read_report(settings, policies, args.tenant, args.since))
+    except Exception as error:  # the store cannot be read: say so, exit 1, no traceback
+        print(f"the ledger store cannot be read: {error!r}"[:500], file=sys.stderr)
+        return 1
     sys.stdout.write(render(report, args.format))
     return 0
 
@@ -121,7 +127,8 @@ def _rows(report: dict[str, Any]) -> list[tuple[Any, ...]]:
             continue
         for medium, view in media.items():
             violations = view["violations"]
-            rows.append((tenant, medium, view["stored"], view["removed"], view["resident"], view["lifetime_p50_s"],
+            rows.append((tenant, medium, view["stored"], view["removed"], view["resident"], view["unknown"],
+                         view["lifetime_p50_s"],
                          view["lifetime_p99_s"], view["lifetime_max_s"], view["oldest_resident_age_s"],
                          violations["age"], violations["medium"]))
     return rows
@@ -140,10 +147,52 @@ def _table(report: dict[str, Any], rows: list[tuple[Any, ...]]) -> str:
     widths = [max(len(str(row[i])) for row in cells) for i in range(len(COLUMNS))]
     lines = [f"policy version {report['policy_version']}, generated {report['generated_at']}"]
     lines += ["  ".join(str(value).rjust(width) for value, width in zip(row, widths, strict=True)) for row in cells]
-    lines += [f"source {gap['source']}: {gap['missing_batches']} missing batches, {gap['restarts']} restarts, "
-              f"{gap['lost']} lost" for gap in report["gaps"]]
+    lines += [f"source {gap['source']}: {gap['missing_batches']} missing batches, {gap['restarts']} restarts "
+              f"({gap['restarts_presumed']} more presumed), "
+              f"{gap['lost']} silences, {gap['resets']} operator resets, clock offset "
+              f"{_offset(gap['clock_offset_s'])}" for gap in report["gaps"]]
+    lines += [f"{tenant} {medium} epoch {epoch}: drain not proven: {'; '.join(view['drain']['reasons'])}"
+              for tenant, media in report["tenants"].items() for medium, medium_view in media.items()
+              for epoch, view in medium_view["epochs"].items()
+              if view["drain"]["reasons"] and (view["resident"] == 0 or view["unknown"])]
+    lines += [f"{tenant}: no longer in the policy set; judged against policy version {version}"
+              for tenant, version in report.get("judged_against_last_policy", {}).items()]
     lines += [f"pool {pool}: unobserved: {'; '.join(what)}" for pool, what in report.get("unobserved", {}).items()]
     return "\n".join(lines) + "\n"
+
+
+def _offset(value: float | None) -> str:
+    return "not estimated yet" if value is None else f"{value:+.3f} s"
+
+
+def add_ledger_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="ledger_action", metavar="ACTION", required=True)
+    reset = actions.add_parser("reset-source", help="record a tier reset vLLM does not announce (CPU tier): "
+                               "the source's open records on that medium close as `reset`")
+    reset.add_argument("source", help="source name as the audit shows it, e.g. offload/0")
+    reset.add_argument("--medium", action="append", required=True, type=str.upper,
+                       help="medium that was reset (repeatable), e.g. CPU")
+
+
+def run_ledger(args: argparse.Namespace) -> int:
+    media = tuple(dict.fromkeys(args.medium))
+    try:
+        result = asyncio.run(_reset(Settings(), args.source, media))
+    except ResetError as error:
+        print(str(error), file=sys.stderr)
+        return 1
+    offset = _offset(result.clock_offset_s)
+    print(f"{result.source}: {result.closed} open records on {', '.join(result.media)} closed as reset "
+          f"(stored before {iso(result.stored_before)} by the publisher's clock; clock offset {offset})")
+    return 0
+
+
+async def _reset(settings: Settings, source: str, media: tuple[str, ...]) -> Any:
+    store = await open_store(settings, LedgerSettings().redis_prefix)
+    try:
+        return await reset_source(store, source, media)
+    finally:
+        await store.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -151,8 +200,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_audit_arguments(commands.add_parser("audit", help="the block-lifecycle report"))
     add_tenant_arguments(commands.add_parser("tenant", help="tenant tools"))
+    add_ledger_arguments(commands.add_parser("ledger", help="ledger tools (reset-source)"))
     args = parser.parse_args(argv)
-    return run_audit(args) if args.command == "audit" else run_tenant(args)
+    runners = {"audit": run_audit, "tenant": run_tenant, "ledger": run_ledger}
+    return runners[args.command](args)
 
 
 if __name__ == "__main__":

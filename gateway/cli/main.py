@@ -144,6 +144,9 @@ def _add_audit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     tenant = commands.add_parser("tenant", help="tenant tools (forget)")
     audit_cli.add_tenant_arguments(tenant)
     tenant.set_defaults(command=audit_cli.run_tenant)
+    ledger = commands.add_parser("ledger", help="ledger tools (reset-source)")
+    audit_cli.add_ledger_arguments(ledger)
+    ledger.set_defaults(command=audit_cli.run_ledger)
 
 
 def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

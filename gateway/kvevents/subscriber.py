@@ -1,14 +1,20 @@
 """One vLLM KV-event source: a SUB socket on its PUB endpoint and a DEALER on its replay ROUTER.
 
-Batches go to the sink strictly in sequence order. On start, and whenever the sequence jumps, the
-subscriber asks the replay endpoint for what it has not seen; what replay cannot supply is reported as
-missing. A lower sequence number with a later timestamp means the publisher restarted. When the replay
-endpoint, having answered before, stops answering for `lost_after_s`, the source is reported lost.
+Batches go to the sink strictly in sequence order. Continuity with the last batch handled is proved, never
+assumed: on start, after every gap, for a lower sequence number the tracker cannot place, and on each idle
+probe, the subscriber asks replay from the cursor's own sequence number and checks that the first batch is
+the very one it handled (same timestamp). If it differs, or is gone while later batches exist, or replay has
+nothing at or after the cursor, the publisher restarted: the sink closes the old process's blocks and the new
+process is replayed from its start; what replay cannot supply is reported missing. When the replay endpoint,
+having answered before, stops answering for `lost_after_s`, the source is reported silent (its blocks are
+unknown, not closed); proven continuity afterwards resumes it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,13 +39,18 @@ RECEIVE_QUEUE = 100_000  # live messages held by ZMQ while a replay is being rea
 
 
 class BatchSink(Protocol):
-    async def deliver(self, source: str, seq: int, batch: EventBatch) -> None: ...
+    async def deliver(self, source: str, seq: int, batch: EventBatch, received_at: float | None) -> None: ...
 
     async def missing(self, source: str, first: int, last: int, after_ts: float) -> None: ...
 
-    async def restarted(self, source: str, boundary_ts: float) -> None: ...
+    async def restarted(self, source: str, boundary_ts: float, previous: Cursor, proven: bool) -> None:
+        """`proven`: the cursor's batch was seen replaced; False when it is merely gone from replay while later
+        batches exist (the buffer may have moved past it), so the restart is presumed."""
+        ...
 
-    async def lost(self, source: str, boundary_ts: float) -> None: ...
+    async def silent(self, source: str, since: float) -> None: ...
+
+    async def resumed(self, source: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -52,7 +63,7 @@ class SubscriberTiming:
 class Subscriber:
     def __init__(
         self, spec: SourceSpec, sink: BatchSink, cursor: Cursor | None, timing: SubscriberTiming,
-        context: zmq.asyncio.Context,
+        context: zmq.asyncio.Context, silent: bool = False,
     ) -> None:
         self.spec = spec
         self.sink = sink
@@ -62,8 +73,9 @@ class Subscriber:
         self._decoder = decoder_for(spec.format)
         self._dealer: zmq.asyncio.Socket | None = None
         self._replay_answered = False
+        self._replay_complete = False  # the last replay ended with its end marker
         self._last_sign_of_life = time.monotonic()
-        self._lost = False
+        self._silent = silent  # the source was silent when this subscriber started
 
     async def run(self) -> None:
         sub = self._context.socket(zmq.SUB)
@@ -74,7 +86,7 @@ class Subscriber:
         log.info("kv_events_subscribed", source=self.spec.name, endpoint=self.spec.endpoint,
                  replay=self.spec.replay, resume_from=self.tracker.expected)
         try:
-            await self._catch_up(self.tracker.expected)
+            await self._check_continuity()
             await self._listen(sub)
         finally:
             sub.close(linger=0)
@@ -89,7 +101,8 @@ class Subscriber:
                 await self._probe()
 
     async def _on_live(self, frames: list[bytes]) -> None:
-        self._alive()
+        received_at = time.time()
+        await self._alive()
         try:
             envelope = open_envelope(frames)
             batch = self._decoder.decode(envelope.payload)
@@ -97,31 +110,42 @@ class Subscriber:
             # Not accepted: the next batch shows a gap, and replay or the gap count accounts for it.
             log.warning("kv_event_undecodable", source=self.spec.name, error=str(error))
             return
-        await self._handle(envelope, batch, may_replay=True)
+        await self._handle(envelope, batch, may_replay=True, received_at=received_at)
 
-    async def _handle(self, envelope: Envelope, batch: EventBatch, may_replay: bool) -> None:
+    async def _handle(
+        self, envelope: Envelope, batch: EventBatch, may_replay: bool, received_at: float | None = None,
+    ) -> None:
         arrival = self.tracker.classify(envelope.seq, batch.ts, envelope.publisher)
         if arrival.verdict is Verdict.DUPLICATE:
             return
         if arrival.verdict is Verdict.RESTART:
-            await self._restarted(envelope, batch, may_replay)
+            await self._restart(batch.ts, "an earlier sequence number came with another batch")
+            if may_replay:
+                await self._catch_up(0)
+            await self._handle(envelope, batch, may_replay=False)
+            return
+        if arrival.verdict in (Verdict.GAP, Verdict.UNCERTAIN) and may_replay:
+            await self._check_continuity()
+            await self._handle(envelope, batch, may_replay=False, received_at=received_at)
+            return
+        if arrival.verdict is Verdict.UNCERTAIN:
+            # Replay could not say whether this is an old batch or a new process: not applied, and said so.
+            log.warning("kv_events_unplaced_batch", source=self.spec.name, seq=envelope.seq)
             return
         if arrival.verdict is Verdict.GAP:
-            if may_replay and await self._catch_up(arrival.missing_first):
-                await self._handle(envelope, batch, may_replay=False)
-                return
             await self._report_missing(arrival.missing_first, arrival.missing_last)
-        await self.sink.deliver(self.spec.name, envelope.seq, batch)
+        await self.sink.deliver(self.spec.name, envelope.seq, batch, received_at)
         self.tracker.accept(envelope.seq, batch.ts, envelope.publisher)
+        self._silent = False  # the sink resumes a silent source on its next batch
 
-    async def _restarted(self, envelope: Envelope, batch: EventBatch, may_replay: bool) -> None:
-        log.warning("kv_events_publisher_restarted", source=self.spec.name, seq=envelope.seq,
-                    previous_seq=self.tracker.cursor.seq if self.tracker.cursor else None)
-        await self.sink.restarted(self.spec.name, batch.ts)
+    async def _restart(self, boundary_ts: float, why: str, proven: bool = True) -> None:
+        previous = self.tracker.cursor
+        log.warning("kv_events_publisher_restarted", source=self.spec.name, why=why, proven=proven,
+                    previous_seq=previous.seq if previous else None)
+        if previous is not None:
+            await self.sink.restarted(self.spec.name, boundary_ts, previous, proven)
         self.tracker.forget()
-        if may_replay and envelope.seq > 0:
-            await self._catch_up(0)
-        await self._handle(envelope, batch, may_replay=False)
+        self._silent = False
 
     async def _report_missing(self, first: int, last: int) -> None:
         after_ts = self.tracker.cursor.ts if self.tracker.cursor else 0.0
@@ -130,52 +154,102 @@ class Subscriber:
 
     # -- replay ----------------------------------------------------------------------------------
 
+    async def _check_continuity(self) -> bool:
+        """Replay from the cursor's own batch: the same batch proves continuity (and the rest is handled as
+        it comes); another batch, or none at or after the cursor, proves a restart. False if replay is silent."""
+        cursor = self.tracker.cursor
+        if cursor is None:
+            return await self._catch_up(0)
+        if self.spec.replay is None:
+            return False
+        judged: str | None = None
+        restart_ts = cursor.ts
+        async with aclosing(self._replies(cursor.seq)) as replies:
+            async for envelope, batch in replies:
+                if judged is None:
+                    judged = _judge_first(cursor, envelope, batch)
+                    if judged != "proven":
+                        restart_ts = batch.ts if batch is not None else cursor.ts
+                        break
+                    await self._proven()
+                    if envelope.seq == cursor.seq:
+                        continue
+                if batch is not None:
+                    await self._handle(envelope, batch, may_replay=False)
+        if judged is None and self._replay_complete:
+            judged = "restart"  # nothing at or after the cursor: a new process that is not that far yet
+        if judged in ("restart", "presumed"):
+            why = ("replay no longer holds the cursor's batch, later ones exist" if judged == "presumed"
+                   else "replay holds another batch at the cursor, or nothing at or after it")
+            await self._restart(restart_ts, why, proven=judged == "restart")
+            await self._catch_up(0)
+            return True
+        return judged is not None or self._replay_complete
+
+    async def _proven(self) -> None:
+        if self._silent:
+            self._silent = False
+            await self.sink.resumed(self.spec.name)
+
     async def _catch_up(self, start: int) -> bool:
         """Replay every buffered batch from `start`; False if the replay endpoint did not answer."""
         if self.spec.replay is None:
             return False
-        dealer = self._dealer_socket()
-        await dealer.send_multipart(replay_request(start))
-        wait_ms = int(self.timing.replay_timeout_s * 1000)
-        while await dealer.poll(timeout=wait_ms):
-            self._replay_answered = True
-            self._alive()
-            if not await self._on_replayed(await dealer.recv_multipart()):
-                return True
-        log.info("kv_events_replay_silent", source=self.spec.name, start_seq=start)
-        self._close_dealer()  # drops a late answer, so it cannot be mistaken for the next one
-        return False
+        async with aclosing(self._replies(start)) as replies:
+            async for envelope, batch in replies:
+                if batch is not None:
+                    await self._handle(envelope, batch, may_replay=False)
+        return self._replay_complete
 
-    async def _on_replayed(self, frames: list[bytes]) -> bool:
-        """Handle one replay reply; False at the end marker."""
+    async def _replies(self, start: int) -> AsyncGenerator[tuple[Envelope, EventBatch | None], None]:
+        """Replay replies from `start` (None for an undecodable payload) until the end marker; a replay left
+        unfinished (silent, or abandoned by the caller) closes the DEALER, so its late answers are dropped."""
+        self._replay_complete = False
+        dealer = self._dealer_socket()
         try:
-            envelope = open_envelope(frames)
-            if envelope.seq == END_OF_REPLAY:
-                return False
-            batch = self._decoder.decode(envelope.payload)
+            await dealer.send_multipart(replay_request(start))
+            wait_ms = int(self.timing.replay_timeout_s * 1000)
+            while await dealer.poll(timeout=wait_ms):
+                self._replay_answered = True
+                await self._alive()
+                frames = await dealer.recv_multipart()
+                try:
+                    envelope = open_envelope(frames)
+                except WireError as error:
+                    log.warning("kv_event_undecodable", source=self.spec.name, error=str(error), replay=True)
+                    continue
+                if envelope.seq == END_OF_REPLAY:
+                    self._replay_complete = True
+                    return
+                yield envelope, self._decode_replayed(envelope)
+            log.info("kv_events_replay_silent", source=self.spec.name, start_seq=start)
+        finally:
+            if not self._replay_complete:
+                self._close_dealer()
+
+    def _decode_replayed(self, envelope: Envelope) -> EventBatch | None:
+        try:
+            return self._decoder.decode(envelope.payload)
         except WireError as error:
             log.warning("kv_event_undecodable", source=self.spec.name, error=str(error), replay=True)
-            return True
-        await self._handle(envelope, batch, may_replay=False)
-        return True
+            return None
 
     async def _probe(self) -> None:
-        """Idle: ask replay for anything missed; it also tells whether the publisher is still there.
+        """Idle: prove continuity through replay; it also tells whether the publisher is still there.
 
         The probe runs even before replay has ever answered (the gateway may start before vLLM), but a
-        source is only declared lost once its replay endpoint has answered at least once.
+        source is only declared silent once its replay endpoint has answered at least once.
         """
-        if await self._catch_up(self.tracker.expected) or not self._replay_answered:
+        if await self._check_continuity() or not self._replay_answered:
             return
         silent_for = time.monotonic() - self._last_sign_of_life
-        if not self._lost and silent_for >= self.timing.lost_after_s:
-            self._lost = True
-            log.warning("kv_events_source_lost", source=self.spec.name, silent_s=round(silent_for, 1))
-            await self.sink.lost(self.spec.name, self.tracker.cursor.ts if self.tracker.cursor else 0.0)
+        if not self._silent and silent_for >= self.timing.lost_after_s:
+            self._silent = True
+            log.warning("kv_events_source_silent", source=self.spec.name, silent_s=round(silent_for, 1))
+            await self.sink.silent(self.spec.name, time.time() - silent_for)
 
-    def _alive(self) -> None:
+    async def _alive(self) -> None:
         self._last_sign_of_life = time.monotonic()
-        self._lost = False
 
     def _dealer_socket(self) -> zmq.asyncio.Socket:
         if self._dealer is None:
@@ -189,3 +263,14 @@ class Subscriber:
         if self._dealer is not None:
             self._dealer.close(linger=0)
             self._dealer = None
+
+
+def _judge_first(cursor: Cursor, envelope: Envelope, batch: EventBatch | None) -> str:
+    """Replay's first batch at or after the cursor: the cursor's own batch (`proven` continuity), another
+    batch at that number (`restart`), or a later number only (`presumed` restart: the cursor's batch is gone,
+    which a restart explains, but so does a replay buffer that moved past it)."""
+    if envelope.seq != cursor.seq:
+        return "presumed"
+    if batch is not None and batch.ts == cursor.ts:
+        return "proven"
+    return "restart"

@@ -2,22 +2,55 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from gateway.ledger.base import LedgerStore
-from gateway.ledger.report import AuditInputs, Window, build_report
+from gateway.ledger.records import LedgerSummary, TenantPolicyRecord
+from gateway.ledger.report import AuditInputs, Window, build_report, build_summary_report
 from gateway.policy.loader import PolicySet
 
 
 async def collect_audit(
-    store: LedgerStore, policies: PolicySet, tenant: str | None, since: datetime | None
+    store: LedgerStore, policies: PolicySet, tenant: str | None, since: datetime | None,
+    clock_offsets: dict[str, float] | None = None, now: float | None = None,
 ) -> dict[str, Any]:
+    """`clock_offsets`: a running gateway's own estimates (fresher than the store's); `now`: the gateway's
+    time the report is judged at (the current time unless given)."""
     since_ts = since.timestamp() if since is not None else None
+    offsets = (await store.clock_offsets()) | (clock_offsets or {})
+    last_policies = await store.tenant_policies()
+    summarised = since_ts is None and isinstance(store, SummaryStore)
     inputs = AuditInputs(
-        records=await store.records(since_ts, tenant),
+        records=[] if summarised else await store.records(since_ts, tenant),
         missing_batches=await store.missing_batches(),
         source_events=await store.source_events(),
+        clock_offsets=offsets,
+        last_policies=last_policies,
     )
-    return build_report(inputs, policies, Window(now=time.time(), since=since_ts), tenant)
+    window = Window(now=time.time() if now is None else now, since=since_ts)
+    if summarised and isinstance(store, SummaryStore):
+        limits = _retention_limits(policies, last_policies)
+        summary = await store.summary(limits, offsets, window.now, tenant)
+        return await asyncio.to_thread(build_summary_report, summary, inputs, policies, window, tenant)
+    # Built on a worker thread: a large ledger must not stall the gateway's event loop.
+    return await asyncio.to_thread(build_report, inputs, policies, window, tenant)
+
+
+@runtime_checkable
+class SummaryStore(Protocol):
+    """A store that keeps the audit's aggregates itself (SQLite), so a report needs no scan of the records."""
+
+    async def summary(
+        self, limits: dict[str, float], offsets: dict[str, float], now: float, tenant: str | None,
+    ) -> LedgerSummary: ...
+
+
+def _retention_limits(policies: PolicySet, last: dict[str, TenantPolicyRecord]) -> dict[str, float]:
+    limits = {name: record.retention_s for name, record in last.items()
+              if name not in policies.tenants and record.retention_s is not None}
+    limits.update({name: tenant.offload.retention_seconds for name, tenant in policies.tenants.items()
+                   if tenant.offload.retention_seconds is not None})
+    return limits

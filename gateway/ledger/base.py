@@ -8,7 +8,15 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from gateway.kvevents.sequence import Cursor
-from gateway.ledger.records import BatchOps, BlockRecord, GapRecord, OpenBlock, SaltDigestEntry, SourceEvent
+from gateway.ledger.records import (
+    BatchOps,
+    BlockRecord,
+    GapRecord,
+    OpenBlock,
+    SaltDigestEntry,
+    SourceEvent,
+    TenantPolicyRecord,
+)
 
 
 class StoreUnavailable(Exception):
@@ -18,7 +26,8 @@ class StoreUnavailable(Exception):
 class LedgerStore(Protocol):
     async def apply(self, batches: Sequence[BatchOps]) -> list[bool]:
         """Apply each batch's operations in order, atomically per batch, unless a batch with the same
-        (source, seq, ts) was applied before; True for each batch applied now."""
+        (source, seq, ts) was applied before; True for each batch applied now. `ts` tells two publisher
+        processes' batches of the same seq apart; two sources never share a marker."""
         ...
 
     async def record_gaps(self, gaps: Sequence[GapRecord]) -> None:
@@ -44,5 +53,17 @@ class LedgerStore(Protocol):
     async def missing_batches(self) -> dict[str, int]: ...
 
     async def source_events(self) -> list[SourceEvent]: ...
+
+    async def record_clock(self, offsets: dict[str, float], at: float) -> None:
+        """Per source, the estimated publisher clock offset (gateway time - publisher time), in seconds."""
+        ...
+
+    async def clock_offsets(self) -> dict[str, float]: ...
+
+    async def remember_policies(self, entries: Sequence[TenantPolicyRecord]) -> None:
+        """The policy that last named each tenant (upserted)."""
+        ...
+
+    async def tenant_policies(self) -> dict[str, TenantPolicyRecord]: ...
 
     async def close(self) -> None: ...

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
+from prometheus_client import Counter as PromCounter
+
 from gateway.ledger.records import BatchOps, OpenOp
 from gateway.ledger.salts import DigestLru
 from gateway.metrics import GatewayMetrics
@@ -20,6 +22,16 @@ class LedgerMetrics:
         self.metrics = metrics
         self._resident_labels: set[tuple[str, str]] = set()
         self._evicted_seen = 0
+        registry = metrics.registry
+        self.store_errors = PromCounter(
+            "kvgate_ledger_store_errors", "Ledger store writes or reads that failed (kept and retried), by kind: "
+            "`unavailable` or the error class.", ["kind"], registry=registry)
+        self.task_restarts = PromCounter(
+            "kvgate_ledger_task_restarts", "Ledger tasks (writer, subscribers, loops) that ended and were restarted.",
+            ["task"], registry=registry)
+        self.spool_dropped_events = PromCounter(
+            "kvgate_ledger_spool_dropped_events", "Block events dropped because the spool was full (their batch is "
+            "recorded as a gap).", registry=registry)
 
     def user_salts(self, remembered: DigestLru) -> None:
         self.metrics.user_salts_remembered.set(len(remembered))
@@ -27,6 +39,15 @@ class LedgerMetrics:
         if evicted > 0:
             self.metrics.user_salts_evicted.inc(evicted)
             self._evicted_seen = remembered.evicted
+
+    def store_error(self, kind: str) -> None:
+        self.store_errors.labels(kind).inc()
+
+    def task_restarted(self, task: str) -> None:
+        self.task_restarts.labels(task).inc()
+
+    def spool_dropped(self, events: int) -> None:
+        self.spool_dropped_events.inc(events)
 
     def applied(self, batch: BatchOps, policies: PolicySet) -> None:
         stored = Counter((op.tenant, op.medium) for op in batch.ops if isinstance(op, OpenOp))

@@ -45,10 +45,35 @@ class ClearOp(NamedTuple):
     media: tuple[str, ...] | None
     stored_before: float | None
     at: float
-    reason: str  # cleared | restart | lost
+    reason: str  # cleared | restart | restart_presumed | reset (`lost`: older versions closed silent sources)
 
 
-Op = OpenOp | CloseOp | ClearOp
+class CopiesOp(NamedTuple):
+    """The open record of (source, medium, hash) is now held `copies` times by vLLM (persisted, so a gateway
+    restart does not close a block at its first removal while another copy is still resident)."""
+
+    medium: str
+    block_hash: HashValue
+    copies: int
+
+
+class SilenceOp(NamedTuple):
+    """The source went silent at `since`: its open records become unknown (not closed)."""
+
+    since: float
+
+
+class ResumeOp(NamedTuple):
+    """The same publisher process is heard again: its unknown records are resident again."""
+
+    at: float
+
+
+Op = OpenOp | CloseOp | ClearOp | CopiesOp | SilenceOp | ResumeOp
+RESTART = "restart"
+PRESUMED_RESTART = "restart_presumed"  # the cursor's batch left replay while later ones exist: not a proof
+CLOSING_REASONS = frozenset({"removed", "cleared", RESTART, "reset"})  # what proves a block is gone
+SOURCE_EVENT_KINDS = ("restart", PRESUMED_RESTART, "reset", "lost")  # closes recorded as source events
 
 
 class Closed(NamedTuple):
@@ -110,6 +135,7 @@ class BlockRecord:
     removed_at: float | None
     closed_by: str | None
     policy_version: str
+    unknown_since: float | None = None  # open, but its source went silent then: held or not is unknown
 
 
 @dataclass(frozen=True)
@@ -120,14 +146,78 @@ class OpenBlock:
     tenant: str
     epoch: int | None
     stored_at: float
+    copies: int = 1
+    unknown: bool = False
 
 
 @dataclass(frozen=True)
 class SourceEvent:
-    """A restart or a lost source, and how many open records it closed."""
+    """A restart, a silence (`silent`; `lost` before), a resumption or an operator reset, and how many open
+    records it closed (or, for `silent`, made unknown)."""
 
     source: str
     kind: str
     boundary_ts: float
     learned_at: float
     closed: int
+
+
+@dataclass(frozen=True)
+class TenantPolicyRecord:
+    """The last policy that named a tenant, kept so a tenant removed from policy is still judged."""
+
+    tenant: str
+    retention_s: float | None
+    media: tuple[str, ...]
+    policy_version: str
+    seen_at: float
+
+
+@dataclass(frozen=True)
+class TallyRow:
+    """Per (tenant, medium, epoch): counts kept by the store as records open and close (never rescanned)."""
+
+    tenant: str
+    medium: str
+    epoch: int | None
+    stored: int
+    removed: int
+    open: int
+    unknown: int
+    last_removed_at: float | None
+    max_lifetime: float | None
+
+
+@dataclass(frozen=True)
+class CloseCount:
+    tenant: str
+    medium: str
+    epoch: int | None
+    closed_by: str
+    count: int
+
+
+@dataclass(frozen=True)
+class LifetimeStats:
+    """Closed records' lifetimes of one (tenant, medium), from 1-second buckets: nearest-rank p50/p99 (the
+    longest lifetime in the bucket holding that rank, so at most a second above the exact value), the longest,
+    and how many outlived the tenant's retention (exact for whole-second retention)."""
+
+    p50: float
+    p99: float
+    longest: float
+    outlived: int
+
+
+@dataclass(frozen=True)
+class LedgerSummary:
+    """What the audit needs without reading every record: incremental tallies, lifetime histograms, and
+    per (tenant, medium) the open blocks past retention and the oldest open block, judged on each source's
+    clock. Closed records older than `compacted_before` are only in the tallies and histograms."""
+
+    tallies: list[TallyRow]
+    closes: list[CloseCount]
+    lifetimes: dict[tuple[str, str], LifetimeStats]
+    overdue_open: dict[tuple[str, str], int]
+    oldest_open_age: dict[tuple[str, str], float]
+    compacted_before: float | None

@@ -24,12 +24,16 @@ from gateway.ledger.records import (
     BlockRecord,
     ClearOp,
     CloseOp,
+    CopiesOp,
     GapRecord,
     Op,
     OpenBlock,
     OpenOp,
+    ResumeOp,
     SaltDigestEntry,
+    SilenceOp,
     SourceEvent,
+    TenantPolicyRecord,
 )
 from gateway.ledger.redis_script import APPLY_LUA, REMEMBER_SALTS_LUA
 
@@ -100,8 +104,36 @@ class RedisStore:
         return cursors
 
     async def open_blocks(self) -> list[OpenBlock]:
-        return [OpenBlock(row[0], row[1], from_token(row[2]), row[4], _epoch(row[5]), float(row[6]))
+        return [OpenBlock(row[0], row[1], from_token(row[2]), row[4], _epoch(row[5]), float(row[6]), _copies(row),
+                          _unknown_since(row) is not None)
                 async for row in self._record_rows() if row[7] == NO_VALUE]
+
+    async def record_clock(self, offsets: dict[str, float], at: float) -> None:
+        if offsets:
+            async with self._guard():
+                mapping = {source: msgspec.msgpack.encode([offset, at]) for source, offset in offsets.items()}
+                await _resolved(self.client.hset(self._key("clock"), mapping=mapping))
+
+    async def clock_offsets(self) -> dict[str, float]:
+        async with self._guard():
+            raw = await _resolved(self.client.hgetall(self._key("clock")))
+        return {source.decode(): float(msgspec.msgpack.decode(packed)[0]) for source, packed in raw.items()}
+
+    async def remember_policies(self, entries: Sequence[TenantPolicyRecord]) -> None:
+        if entries:
+            mapping = {e.tenant: msgspec.msgpack.encode([e.tenant, e.retention_s, list(e.media), e.policy_version,
+                                                         e.seen_at]) for e in entries}
+            async with self._guard():
+                await _resolved(self.client.hset(self._key("policies"), mapping=mapping))
+
+    async def tenant_policies(self) -> dict[str, TenantPolicyRecord]:
+        async with self._guard():
+            raw = await _resolved(self.client.hgetall(self._key("policies")))
+        records = {}
+        for packed in raw.values():
+            tenant, retention, media, version, seen = msgspec.msgpack.decode(packed)
+            records[tenant] = TenantPolicyRecord(tenant, retention, tuple(media), version, float(seen))
+        return records
 
     async def records(self, since: float | None, tenant: str | None) -> list[BlockRecord]:
         records = []
@@ -180,6 +212,12 @@ def _wire_op(op: Op) -> list[Any]:
         return [1, op.medium, to_token(op.block_hash), to_token(op.parent_hash), op.tenant, epoch, op.stored_at]
     if isinstance(op, CloseOp):
         return [2, op.medium, to_token(op.block_hash), op.removed_at]
+    if isinstance(op, CopiesOp):
+        return [4, op.medium, to_token(op.block_hash), op.copies]
+    if isinstance(op, SilenceOp):
+        return [5, op.since]
+    if isinstance(op, ResumeOp):
+        return [6, op.at]
     assert isinstance(op, ClearOp)
     bound = NO_VALUE if op.stored_before is None else op.stored_before
     return [3, ",".join(op.media or ()), bound, op.at, op.reason]
@@ -189,9 +227,18 @@ def _epoch(value: Any) -> int | None:
     return None if value == NO_VALUE else int(value)
 
 
+def _unknown_since(row: list[Any]) -> float | None:
+    return None if len(row) < 12 or row[11] == NO_VALUE else float(row[11])
+
+
+def _copies(row: list[Any]) -> int:
+    return int(row[10]) if len(row) >= 11 else 1
+
+
 def _block_record(row: list[Any]) -> BlockRecord:
     removed_at = None if row[7] == NO_VALUE else float(row[7])
-    return BlockRecord(row[0], row[1], row[4], _epoch(row[5]), float(row[6]), removed_at, row[8] or None, row[9])
+    return BlockRecord(row[0], row[1], row[4], _epoch(row[5]), float(row[6]), removed_at, row[8] or None, row[9],
+                       _unknown_since(row))
 
 
 def _salt_entry(row: list[Any]) -> SaltDigestEntry:

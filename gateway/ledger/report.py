@@ -1,9 +1,16 @@
 """The audit report (docs/reports.md) from block records. Pure: records, policies and a clock in; JSON out.
 
 Window semantics with `since`: stored = stored at or after it; removed, lifetimes and closed_by = removed at
-or after it; resident = resident now. Violations are judged now, against the policy in force now: a resident
-block older than `retention_seconds`, or a block removed in the window that lived longer; and every block
-in the window on a medium outside `allowed_media`.
+or after it; resident and unknown = open now (unknown: its source went silent, so whether vLLM still holds it
+is not known). Violations are judged now, against the policy in force now (or, for a tenant no longer in the
+policy set, the last policy that named it): an open block older than `retention_seconds`, or a block removed
+in the window that lived longer; and every block in the window on a medium outside `allowed_media`. Ages use
+one clock, the publisher's: block times are vLLM's, and "now" is the gateway's time minus the source's
+estimated clock offset.
+
+An epoch's `drained_at` is given only when the drain is proven: no block of it open or unknown, every block
+closed by a removal, a cache clear, a proven restart or an operator reset, and no unrecovered gap on any
+source. Otherwise `drain.reasons` says why not.
 """
 
 from __future__ import annotations
@@ -17,7 +24,15 @@ from typing import Any
 
 from gateway.kvevents.endpoints import plan_sources
 from gateway.kvevents.formats.lmcache import UNOBSERVED
-from gateway.ledger.records import BlockRecord, SourceEvent
+from gateway.ledger.records import (
+    CLOSING_REASONS,
+    SOURCE_EVENT_KINDS,
+    BlockRecord,
+    LedgerSummary,
+    LifetimeStats,
+    SourceEvent,
+    TenantPolicyRecord,
+)
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import RESERVED_TENANT, TenantPolicy
 
@@ -30,6 +45,8 @@ class EpochTally:
     stored: int = 0
     removed: int = 0
     resident: int = 0
+    unknown: int = 0
+    unproven_closes: Counter[str] = field(default_factory=Counter)  # closed_by values that prove nothing
     last_removed_at: float | None = None
 
 
@@ -38,8 +55,10 @@ class MediumTally:
     stored: int = 0
     removed: int = 0
     resident: int = 0
+    unknown: int = 0
     lifetimes: list[float] = field(default_factory=list)
-    oldest_stored_at: float | None = None
+    summarised: LifetimeStats | None = None  # from the store's histograms instead of `lifetimes`
+    oldest_age: float | None = None  # of open blocks, on their publisher's clock
     age_violations: int = 0
     medium_violations: int = 0
     closed_by: Counter[str] = field(default_factory=Counter)
@@ -56,51 +75,89 @@ class Window:
 
 
 @dataclass(frozen=True)
+class Judge:
+    """What a tenant's blocks are judged against: its policy now, or the last one that named it."""
+
+    retention_s: float | None
+    media: tuple[str, ...]
+    in_force: bool
+    policy_version: str
+
+
+@dataclass(frozen=True)
 class AuditInputs:
     records: Iterable[BlockRecord]
     missing_batches: dict[str, int]
     source_events: list[SourceEvent]
+    clock_offsets: dict[str, float] = field(default_factory=dict)
+    last_policies: dict[str, TenantPolicyRecord] = field(default_factory=dict)
 
 
 def build_report(inputs: AuditInputs, policies: PolicySet, window: Window, tenant: str | None) -> dict[str, Any]:
-    tallies = _tally(inputs.records, policies, window)
+    judges = _judges(policies, inputs.last_policies)
+    tallies = _tally(inputs.records, judges, window, inputs.clock_offsets)
     names = _tenant_names(policies, tallies, tenant)
+    gap_reasons = [f"unrecovered gap of {count} batches on {source}"
+                   for source, count in sorted(inputs.missing_batches.items()) if count > 0]
     return {
         "generated_at": iso(window.now),
         "policy_version": policies.version,
         "since": iso(window.since) if window.since is not None else None,
         "gaps": _gaps(policies, inputs),
         # What the events of LMCache pools never report: such blocks stay resident here, never shown removed.
-        "unobserved": {name: list(UNOBSERVED) for name, pool in policies.gateway.pools.items() if pool.lmcache},
-        "tenants": {name: _tenant_view(policies.tenants.get(name), tallies.get(name, {}), window)
+        "unobserved": _unobserved(policies),
+        "tenants": {name: _tenant_view(judges.get(name), tallies.get(name, {}), window, gap_reasons,
+                                       policies.tenants.get(name))
                     for name in names},
+        "judged_against_last_policy": {name: judges[name].policy_version for name in names
+                                       if name in judges and not judges[name].in_force},
     }
 
 
-def _tally(records: Iterable[BlockRecord], policies: PolicySet, window: Window) -> dict[str, dict[str, MediumTally]]:
+def _unobserved(policies: PolicySet) -> dict[str, list[str]]:
+    return {name: list(UNOBSERVED) for name, pool in policies.gateway.pools.items() if pool.lmcache}
+
+
+def _judges(policies: PolicySet, last: dict[str, TenantPolicyRecord]) -> dict[str, Judge]:
+    judges = {name: Judge(record.retention_s, record.media, False, record.policy_version)
+              for name, record in last.items() if name not in policies.tenants}
+    for name, policy in policies.tenants.items():
+        judges[name] = Judge(policy.offload.retention_seconds, tuple(policy.offload.allowed_media), True,
+                             policies.version)
+    return judges
+
+
+def _tally(
+    records: Iterable[BlockRecord], judges: dict[str, Judge], window: Window, offsets: dict[str, float],
+) -> dict[str, dict[str, MediumTally]]:
     tallies: dict[str, dict[str, MediumTally]] = {}
     for record in records:
         tally = tallies.setdefault(record.tenant, {}).setdefault(record.medium, MediumTally())
-        _count(tally, record, policies.tenants.get(record.tenant), window)
+        _count(tally, record, judges.get(record.tenant), window.now - offsets.get(record.source, 0.0), window)
     return tallies
 
 
-def _count(tally: MediumTally, record: BlockRecord, policy: TenantPolicy | None, window: Window) -> None:
+def _count(tally: MediumTally, record: BlockRecord, judge: Judge | None, now: float, window: Window) -> None:
+    """`now` is on the publisher's clock (the source's offset taken off the gateway's time)."""
     stored_now = window.includes(record.stored_at)
     removed_now = window.includes(record.removed_at)
-    resident = record.removed_at is None
+    open_now = record.removed_at is None
+    unknown = open_now and record.unknown_since is not None
     tally.stored += stored_now
     tally.removed += removed_now
-    tally.resident += resident
+    tally.resident += open_now and not unknown
+    tally.unknown += unknown
     if removed_now:
         assert record.removed_at is not None
         tally.lifetimes.append(record.removed_at - record.stored_at)
         tally.closed_by[record.closed_by or "removed"] += 1
-    if resident and (tally.oldest_stored_at is None or record.stored_at < tally.oldest_stored_at):
-        tally.oldest_stored_at = record.stored_at
-    if policy is not None and (resident or removed_now):
-        tally.age_violations += _outlived(record, policy, window.now)
-        tally.medium_violations += record.medium not in policy.offload.allowed_media
+    if open_now:
+        age = now - record.stored_at
+        if tally.oldest_age is None or age > tally.oldest_age:
+            tally.oldest_age = age
+    if judge is not None and (open_now or removed_now):
+        tally.age_violations += _outlived(record, judge, now)
+        tally.medium_violations += record.medium not in judge.media
     if record.epoch is not None:
         _count_epoch(tally.epochs.setdefault(record.epoch, EpochTally()), record, stored_now, removed_now)
 
@@ -108,13 +165,18 @@ def _count(tally: MediumTally, record: BlockRecord, policy: TenantPolicy | None,
 def _count_epoch(epoch: EpochTally, record: BlockRecord, stored_now: bool, removed_now: bool) -> None:
     epoch.stored += stored_now
     epoch.removed += removed_now
-    epoch.resident += record.removed_at is None
-    if record.removed_at is not None and (epoch.last_removed_at is None or record.removed_at > epoch.last_removed_at):
+    if record.removed_at is None:
+        epoch.resident += record.unknown_since is None
+        epoch.unknown += record.unknown_since is not None
+        return
+    if (record.closed_by or "removed") not in CLOSING_REASONS:
+        epoch.unproven_closes[record.closed_by or "?"] += 1
+    if epoch.last_removed_at is None or record.removed_at > epoch.last_removed_at:
         epoch.last_removed_at = record.removed_at
 
 
-def _outlived(record: BlockRecord, policy: TenantPolicy, now: float) -> bool:
-    limit = policy.offload.retention_seconds
+def _outlived(record: BlockRecord, judge: Judge, now: float) -> bool:
+    limit = judge.retention_s
     end = now if record.removed_at is None else record.removed_at
     return limit is not None and end - record.stored_at > limit
 
@@ -126,33 +188,115 @@ def _tenant_names(policies: PolicySet, tallies: dict[str, Any], only: str | None
     return [name for name in names if only is None or name == only]
 
 
-def _tenant_view(policy: TenantPolicy | None, media: dict[str, MediumTally], window: Window) -> dict[str, Any]:
+def _tenant_view(
+    judge: Judge | None, media: dict[str, MediumTally], window: Window, gap_reasons: list[str],
+    policy: TenantPolicy | None = None,
+) -> dict[str, Any]:
     if policy is not None and policy.cache.isolation == "none":
         return {"not_auditable": NOT_AUDITABLE}  # its blocks carry no salt: they are under `unattributed`
-    allowed = tuple(policy.offload.allowed_media) if policy is not None else ()
+    allowed = judge.media if judge is not None else ()
     names = list(BASE_MEDIA) + sorted((set(allowed) | set(media)) - set(BASE_MEDIA))
-    return {name: _medium_view(media.get(name, MediumTally()), window) for name in names}
+    return {name: _medium_view(media.get(name, MediumTally()), gap_reasons) for name in names}
 
 
-def _medium_view(tally: MediumTally, window: Window) -> dict[str, Any]:
-    lifetimes = sorted(tally.lifetimes)
-    oldest = 0.0 if tally.oldest_stored_at is None else window.now - tally.oldest_stored_at
+def _medium_view(tally: MediumTally, gap_reasons: list[str]) -> dict[str, Any]:
+    oldest = 0.0 if tally.oldest_age is None else tally.oldest_age
+    if tally.summarised is not None:
+        stats = tally.summarised
+        p50, p99, longest = round(stats.p50, 3), round(stats.p99, 3), round(stats.longest, 3)
+    else:
+        lifetimes = sorted(tally.lifetimes)
+        p50, p99 = _percentile(lifetimes, 0.50), _percentile(lifetimes, 0.99)
+        longest = round(lifetimes[-1], 3) if lifetimes else 0.0
     return {
-        "stored": tally.stored, "removed": tally.removed, "resident": tally.resident,
-        "lifetime_p50_s": _percentile(lifetimes, 0.50), "lifetime_p99_s": _percentile(lifetimes, 0.99),
-        "lifetime_max_s": round(lifetimes[-1], 3) if lifetimes else 0.0,
+        "stored": tally.stored, "removed": tally.removed, "resident": tally.resident, "unknown": tally.unknown,
+        "lifetime_p50_s": p50, "lifetime_p99_s": p99, "lifetime_max_s": longest,
         "oldest_resident_age_s": round(max(oldest, 0.0), 3),
         "violations": {"age": tally.age_violations, "medium": tally.medium_violations},
         "closed_by": dict(sorted(tally.closed_by.items())),
-        "epochs": {str(number): _epoch_view(epoch) for number, epoch in sorted(tally.epochs.items())},
+        "epochs": {str(number): _epoch_view(epoch, gap_reasons) for number, epoch in sorted(tally.epochs.items())},
     }
 
 
-def _epoch_view(epoch: EpochTally) -> dict[str, Any]:
-    drained_at = iso(epoch.last_removed_at) if epoch.resident == 0 and epoch.last_removed_at else None
-    return {"stored": epoch.stored, "removed": epoch.removed, "resident": epoch.resident,
+def _epoch_view(epoch: EpochTally, gap_reasons: list[str]) -> dict[str, Any]:
+    reasons = drain_reasons(epoch, gap_reasons)
+    proven = not reasons and epoch.last_removed_at is not None
+    return {"stored": epoch.stored, "removed": epoch.removed, "resident": epoch.resident, "unknown": epoch.unknown,
             "last_removed_at": iso(epoch.last_removed_at) if epoch.last_removed_at else None,
-            "drained_at": drained_at}
+            "drained_at": iso(epoch.last_removed_at) if proven and epoch.last_removed_at else None,
+            "drain": {"proven": proven, "reasons": reasons}}
+
+
+def drain_reasons(epoch: EpochTally, gap_reasons: list[str]) -> list[str]:
+    """Why an epoch's drain is not proven (empty when it is)."""
+    reasons = []
+    if epoch.resident:
+        reasons.append(f"{epoch.resident} blocks resident")
+    if epoch.unknown:
+        reasons.append(f"{epoch.unknown} blocks unknown (their source went silent)")
+    for closed_by, count in sorted(epoch.unproven_closes.items()):
+        reasons.append(f"{count} blocks closed as {closed_by!r}, which proves no removal")
+    return reasons + (gap_reasons if reasons or epoch.last_removed_at is not None else [])
+
+
+def build_summary_report(
+    summary: LedgerSummary, inputs: AuditInputs, policies: PolicySet, window: Window, tenant: str | None,
+) -> dict[str, Any]:
+    """The same report as `build_report`, from the store's incremental aggregates (no window: `since` needs
+    the records)."""
+    judges = _judges(policies, inputs.last_policies)
+    tallies = _tallies_from_summary(summary, judges)
+    names = _tenant_names(policies, tallies, tenant)
+    gap_reasons = [f"unrecovered gap of {count} batches on {source}"
+                   for source, count in sorted(inputs.missing_batches.items()) if count > 0]
+    return {
+        "generated_at": iso(window.now),
+        "policy_version": policies.version,
+        "since": None,
+        "gaps": _gaps(policies, inputs),
+        "unobserved": _unobserved(policies),
+        "tenants": {name: _tenant_view(judges.get(name), tallies.get(name, {}), window, gap_reasons,
+                                       policies.tenants.get(name))
+                    for name in names},
+        "judged_against_last_policy": {name: judges[name].policy_version for name in names
+                                       if name in judges and not judges[name].in_force},
+        "compacted_before": iso(summary.compacted_before) if summary.compacted_before is not None else None,
+    }
+
+
+def _tallies_from_summary(summary: LedgerSummary, judges: dict[str, Judge]) -> dict[str, dict[str, MediumTally]]:
+    tallies: dict[str, dict[str, MediumTally]] = {}
+
+    def tally(tenant: str, medium: str) -> MediumTally:
+        return tallies.setdefault(tenant, {}).setdefault(medium, MediumTally())
+
+    for row in summary.tallies:
+        medium = tally(row.tenant, row.medium)
+        medium.stored += row.stored
+        medium.removed += row.removed
+        medium.resident += row.open - row.unknown
+        medium.unknown += row.unknown
+        if row.epoch is not None:
+            medium.epochs[row.epoch] = EpochTally(row.stored, row.removed, row.open - row.unknown, row.unknown,
+                                                  Counter(), row.last_removed_at)
+    for close in summary.closes:
+        medium = tally(close.tenant, close.medium)
+        medium.closed_by[close.closed_by] += close.count
+        if close.epoch is not None and close.closed_by not in CLOSING_REASONS and close.epoch in medium.epochs:
+            medium.epochs[close.epoch].unproven_closes[close.closed_by] += close.count
+    for (tenant, medium_name), stats in summary.lifetimes.items():
+        tally(tenant, medium_name).summarised = stats
+    for (tenant, medium_name), age in summary.oldest_open_age.items():
+        tally(tenant, medium_name).oldest_age = age
+    for tenant, media in tallies.items():
+        judge = judges.get(tenant)
+        if judge is None:
+            continue
+        for name, medium in media.items():
+            medium.medium_violations = medium.stored if name not in judge.media else 0
+            outlived = medium.summarised.outlived if medium.summarised is not None else 0
+            medium.age_violations = summary.overdue_open.get((tenant, name), 0) + outlived
+    return tallies
 
 
 def _percentile(ordered: list[float], fraction: float) -> float:
@@ -174,9 +318,13 @@ def _gap_view(source: str, inputs: AuditInputs) -> dict[str, Any]:
         "source": source,
         "missing_batches": inputs.missing_batches.get(source, 0),
         "restarts": sum(event.kind == "restart" for event in events),
-        "lost": sum(event.kind == "lost" for event in events),
-        "closed_without_removal": sum(event.closed for event in events),
+        "restarts_presumed": sum(event.kind == "restart_presumed" for event in events),
+        "lost": sum(event.kind in ("silent", "lost") for event in events),
+        "resumed": sum(event.kind == "resumed" for event in events),
+        "resets": sum(event.kind == "reset" for event in events),
+        "closed_without_removal": sum(event.closed for event in events if event.kind in SOURCE_EVENT_KINDS),
         "last_restart_or_loss_at": iso(max(event.learned_at for event in events)) if events else None,
+        "clock_offset_s": round(offset, 3) if (offset := inputs.clock_offsets.get(source)) is not None else None,
     }
 
 

@@ -7,6 +7,7 @@ the same file from another process while the gateway writes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -17,29 +18,38 @@ from typing import Any, TypeVar
 
 from gateway.kvevents.sequence import Cursor
 from gateway.kvevents.wire import HashValue
+from gateway.ledger import sqlite_tally
 from gateway.ledger.hashcodec import from_sql, to_sql
 from gateway.ledger.records import (
+    SOURCE_EVENT_KINDS,
     BatchOps,
     BlockRecord,
     ClearOp,
     CloseOp,
+    CopiesOp,
     GapRecord,
+    LedgerSummary,
     Op,
     OpenBlock,
     OpenOp,
+    ResumeOp,
     SaltDigestEntry,
+    SilenceOp,
     SourceEvent,
+    TenantPolicyRecord,
 )
 
 T = TypeVar("T")
 MARKER_TTL_S = 86_400.0  # applied-batch markers older than this are pruned; replays reach back far less
 PRUNE_EVERY = 500  # flushes
+BUSY_TIMEOUT_MS = 10_000  # past this, "database is locked" is raised and the writer retries later
 
 SCHEMA = """
 PRAGMA journal_mode=WAL;
 CREATE TABLE IF NOT EXISTS ledger_blocks (
     source TEXT NOT NULL, medium TEXT NOT NULL, hash NOT NULL, parent, tenant TEXT NOT NULL, epoch INTEGER,
-    stored_at REAL NOT NULL, removed_at REAL, closed_by TEXT, policy_version TEXT NOT NULL);
+    stored_at REAL NOT NULL, removed_at REAL, closed_by TEXT, policy_version TEXT NOT NULL,
+    copies INTEGER NOT NULL DEFAULT 1, unknown_since REAL);
 CREATE UNIQUE INDEX IF NOT EXISTS ledger_blocks_open ON ledger_blocks(source, medium, hash) WHERE removed_at IS NULL;
 CREATE TABLE IF NOT EXISTS ledger_applied (
     source TEXT NOT NULL, seq INTEGER NOT NULL, ts REAL NOT NULL, applied_at REAL NOT NULL,
@@ -51,31 +61,42 @@ CREATE TABLE IF NOT EXISTS ledger_gaps (
 CREATE TABLE IF NOT EXISTS ledger_source_events (
     source TEXT NOT NULL, kind TEXT NOT NULL, boundary_ts REAL NOT NULL, learned_at REAL NOT NULL,
     closed INTEGER NOT NULL, PRIMARY KEY (source, kind, boundary_ts)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger_clock (source TEXT PRIMARY KEY, offset_s REAL NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger_tenant_policies (
+    tenant TEXT PRIMARY KEY, retention_s REAL, media TEXT NOT NULL, policy_version TEXT NOT NULL,
+    seen_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger_salt_digests (
     id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, epoch INTEGER NOT NULL, digest BLOB NOT NULL UNIQUE);
 """
 
 OPEN_SQL = ("INSERT OR IGNORE INTO ledger_blocks (source, medium, hash, parent, tenant, epoch, stored_at, "
             "policy_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
-CLOSE_SQL = ("UPDATE ledger_blocks SET removed_at = ?, closed_by = 'removed' "
-             "WHERE source = ? AND medium = ? AND hash = ? AND removed_at IS NULL")
+CLOSE_MANY_SQL = ("UPDATE ledger_blocks SET removed_at = ?, closed_by = 'removed' "
+                  "WHERE source = ? AND removed_at IS NULL "
+                  "AND (medium, hash) IN (SELECT medium, hash FROM temp.ledger_closing) "
+                  "RETURNING tenant, medium, epoch, stored_at, unknown_since")
 CURSOR_SQL = ("INSERT INTO ledger_cursors (source, seq, ts) VALUES (?, ?, ?) ON CONFLICT (source) DO UPDATE "
               "SET seq = excluded.seq, ts = excluded.ts "
               "WHERE excluded.ts > ledger_cursors.ts "
               "OR (excluded.ts = ledger_cursors.ts AND excluded.seq > ledger_cursors.seq)")
-RECORD_COLUMNS = "source, medium, tenant, epoch, stored_at, removed_at, closed_by, policy_version"
+COPIES_SQL = ("UPDATE ledger_blocks SET copies = ? "
+              "WHERE source = ? AND medium = ? AND hash = ? AND removed_at IS NULL")
+RECORD_COLUMNS = "source, medium, tenant, epoch, stored_at, removed_at, closed_by, policy_version, unknown_since"
+ADDED_COLUMNS = {"copies": "INTEGER NOT NULL DEFAULT 1", "unknown_since": "REAL"}  # for files made before them
 
 
 class SqliteStore:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self.path = path
+        self.busy_timeout_ms = busy_timeout_ms
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-ledger-sqlite")
         self._db: sqlite3.Connection | None = None
         self._flushes = 0
+        self._delta = sqlite_tally.TallyDelta()
 
     @classmethod
-    async def open(cls, path: Path) -> SqliteStore:
-        store = cls(path)
+    async def open(cls, path: Path, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> SqliteStore:
+        store = cls(path, busy_timeout_ms)
         await store._run(store._connect)
         return store
 
@@ -85,9 +106,15 @@ class SqliteStore:
     def _connect(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, isolation_level=None)
-        db.execute("PRAGMA busy_timeout = 10000")
+        db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
         db.execute("PRAGMA synchronous = NORMAL")
         db.executescript(SCHEMA)
+        present = {row[1] for row in db.execute("PRAGMA table_info(ledger_blocks)")}
+        for column, kind in ADDED_COLUMNS.items():
+            if column not in present:
+                db.execute(f"ALTER TABLE ledger_blocks ADD COLUMN {column} {kind}")
+        sqlite_tally.install(db)
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS ledger_closing (medium TEXT NOT NULL, hash NOT NULL)")
         self._db = db
 
     @property
@@ -109,11 +136,14 @@ class SqliteStore:
 
     def _apply(self, batches: list[BatchOps]) -> list[bool]:
         now = time.time()
+        self._delta = sqlite_tally.TallyDelta()
         with _transaction(self.db):
             applied = [self._apply_one(batch, now) for batch in batches]
+            self._delta.write(self.db)
         self._flushes += 1
         if self._flushes % PRUNE_EVERY == 0:
-            self.db.execute("DELETE FROM ledger_applied WHERE applied_at < ?", (now - MARKER_TTL_S,))
+            with contextlib.suppress(sqlite3.OperationalError):  # housekeeping; the batches are committed
+                self.db.execute("DELETE FROM ledger_applied WHERE applied_at < ?", (now - MARKER_TTL_S,))
         return applied
 
     def _apply_one(self, batch: BatchOps, now: float) -> bool:
@@ -128,13 +158,68 @@ class SqliteStore:
 
     def _run_ops(self, batch: BatchOps, kind: type, ops: list[Op]) -> None:
         if kind is OpenOp:
-            self.db.executemany(OPEN_SQL, [_open_row(batch, op) for op in ops if isinstance(op, OpenOp)])
+            self._open(batch, [op for op in ops if isinstance(op, OpenOp)])
         elif kind is CloseOp:
-            self.db.executemany(CLOSE_SQL, [_close_row(batch, op) for op in ops if isinstance(op, CloseOp)])
+            self._close(batch, [op for op in ops if isinstance(op, CloseOp)])
+        elif kind is CopiesOp:
+            self.db.executemany(COPIES_SQL, [(op.copies, batch.source, op.medium, to_sql(op.block_hash))
+                                             for op in ops if isinstance(op, CopiesOp)])
         else:
             for op in ops:
                 if isinstance(op, ClearOp):
                     self._clear(batch, op)
+                elif isinstance(op, SilenceOp):
+                    self._silence(batch, op)
+                elif isinstance(op, ResumeOp):
+                    self._resume(batch, op)
+
+    def _open(self, batch: BatchOps, ops: list[OpenOp]) -> None:
+        """A block already open (another replica's batch) is ignored and not counted: when fewer rows went in
+        than were offered, the rows this statement inserted are read back by rowid (new rows get higher ones)."""
+        before_changes = self.db.total_changes
+        last_rowid = self.db.execute("SELECT COALESCE(MAX(rowid), 0) FROM ledger_blocks").fetchone()[0]
+        self.db.executemany(OPEN_SQL, [_open_row(batch, op) for op in ops])
+        opened = self._delta.opened
+        if self.db.total_changes - before_changes == len(ops):
+            for op in ops:
+                opened(batch.source, op.tenant, op.medium, op.epoch)
+            return
+        for tenant, medium, epoch in self.db.execute(
+                "SELECT tenant, medium, epoch FROM ledger_blocks WHERE rowid > ?", (last_rowid,)):
+            opened(batch.source, tenant, medium, epoch)
+
+    def _close(self, batch: BatchOps, ops: list[CloseOp]) -> None:
+        """All removals of a batch in one statement (they share its time), through a temporary key table, so
+        the closed records come back with what the totals need."""
+        closed = self._delta.closed
+        for removed_at, group in groupby(ops, key=lambda op: op.removed_at):
+            self.db.executemany("INSERT INTO temp.ledger_closing VALUES (?, ?)",
+                                [(op.medium, to_sql(op.block_hash)) for op in group])
+            rows = self.db.execute(CLOSE_MANY_SQL, (removed_at, batch.source)).fetchall()
+            self.db.execute("DELETE FROM temp.ledger_closing")
+            for tenant, medium, epoch, stored_at, unknown_since in rows:
+                closed(batch.source, tenant, medium, epoch, "removed", stored_at, removed_at,
+                       unknown_since is not None)
+
+    def _silence(self, batch: BatchOps, op: SilenceOp) -> None:
+        rows = self.db.execute("UPDATE ledger_blocks SET unknown_since = ? WHERE source = ? AND removed_at IS NULL "
+                               "AND unknown_since IS NULL RETURNING tenant, medium, epoch",
+                               (op.since, batch.source)).fetchall()
+        for tenant, medium, epoch in rows:
+            self._delta.unknown(tenant, medium, epoch, 1)
+        self._source_event(batch, "silent", op.since, len(rows))
+
+    def _resume(self, batch: BatchOps, op: ResumeOp) -> None:
+        rows = self.db.execute("UPDATE ledger_blocks SET unknown_since = NULL WHERE source = ? AND removed_at IS NULL "
+                               "AND unknown_since IS NOT NULL RETURNING tenant, medium, epoch",
+                               (batch.source,)).fetchall()
+        for tenant, medium, epoch in rows:
+            self._delta.unknown(tenant, medium, epoch, -1)
+        self._source_event(batch, "resumed", op.at, len(rows))
+
+    def _source_event(self, batch: BatchOps, kind: str, at: float, count: int) -> None:
+        self.db.execute("INSERT OR IGNORE INTO ledger_source_events VALUES (?, ?, ?, ?, ?)",
+                        (batch.source, kind, batch.ts, at, count))
 
     def _clear(self, batch: BatchOps, op: ClearOp) -> None:
         where: list[str] = ["source = ?", "removed_at IS NULL"]
@@ -145,11 +230,14 @@ class SqliteStore:
         if op.stored_before is not None:
             where.append("stored_at < ?")
             params.append(op.stored_before)
-        sql = f"UPDATE ledger_blocks SET removed_at = ?, closed_by = ? WHERE {' AND '.join(where)}"  # noqa: S608
-        closed = self.db.execute(sql, (op.at, op.reason, *params)).rowcount
-        if op.reason in ("restart", "lost"):
-            self.db.execute("INSERT OR IGNORE INTO ledger_source_events VALUES (?, ?, ?, ?, ?)",
-                            (batch.source, op.reason, batch.ts, op.at, closed))
+        sql = (f"UPDATE ledger_blocks SET removed_at = ?, closed_by = ? WHERE {' AND '.join(where)} "  # noqa: S608
+               "RETURNING tenant, medium, epoch, stored_at, unknown_since")
+        rows = self.db.execute(sql, (op.at, op.reason, *params)).fetchall()
+        for tenant, medium, epoch, stored_at, unknown_since in rows:
+            self._delta.closed(batch.source, tenant, medium, epoch, op.reason, stored_at, op.at,
+                               unknown_since is not None)
+        if op.reason in SOURCE_EVENT_KINDS:
+            self._source_event(batch, op.reason, op.at, len(rows))
 
     async def record_gaps(self, gaps: Sequence[GapRecord]) -> None:
         rows = [(gap.source, gap.first_seq, gap.last_seq, gap.after_ts) for gap in gaps]
@@ -177,10 +265,33 @@ class SqliteStore:
         return {source: Cursor(seq, ts) for source, seq, ts in rows}
 
     async def open_blocks(self) -> list[OpenBlock]:
-        sql = "SELECT source, medium, hash, tenant, epoch, stored_at FROM ledger_blocks WHERE removed_at IS NULL"
+        sql = ("SELECT source, medium, hash, tenant, epoch, stored_at, copies, unknown_since FROM ledger_blocks "
+               "WHERE removed_at IS NULL")
         rows = await self._run(self._select, sql, ())
-        return [OpenBlock(source, medium, _stored_hash(block_hash), tenant, epoch, stored_at)
-                for source, medium, block_hash, tenant, epoch, stored_at in rows]
+        return [OpenBlock(source, medium, _stored_hash(block_hash), tenant, epoch, stored_at, copies,
+                          unknown is not None)
+                for source, medium, block_hash, tenant, epoch, stored_at, copies, unknown in rows]
+
+    async def record_clock(self, offsets: dict[str, float], at: float) -> None:
+        sql = ("INSERT INTO ledger_clock VALUES (?, ?, ?) ON CONFLICT (source) DO UPDATE "
+               "SET offset_s = excluded.offset_s, updated_at = excluded.updated_at")
+        await self._run(self._write_many, sql, [(source, offset, at) for source, offset in offsets.items()])
+
+    async def clock_offsets(self) -> dict[str, float]:
+        return dict(await self._run(self._select, "SELECT source, offset_s FROM ledger_clock", ()))
+
+    async def remember_policies(self, entries: Sequence[TenantPolicyRecord]) -> None:
+        sql = ("INSERT INTO ledger_tenant_policies VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant) DO UPDATE "
+               "SET retention_s = excluded.retention_s, media = excluded.media, "
+               "policy_version = excluded.policy_version, seen_at = excluded.seen_at")
+        rows = [(e.tenant, e.retention_s, ",".join(e.media), e.policy_version, e.seen_at) for e in entries]
+        await self._run(self._write_many, sql, rows)
+
+    async def tenant_policies(self) -> dict[str, TenantPolicyRecord]:
+        rows = await self._run(self._select, "SELECT tenant, retention_s, media, policy_version, seen_at "
+                               "FROM ledger_tenant_policies", ())
+        return {tenant: TenantPolicyRecord(tenant, retention, tuple(filter(None, media.split(","))), version, seen)
+                for tenant, retention, media, version, seen in rows}
 
     async def records(self, since: float | None, tenant: str | None) -> list[BlockRecord]:
         where: list[str] = ["1 = 1"]
@@ -192,7 +303,19 @@ class SqliteStore:
             where.append("tenant = ?")
             params.append(tenant)
         sql = f"SELECT {RECORD_COLUMNS} FROM ledger_blocks WHERE {' AND '.join(where)}"  # noqa: S608
-        return [BlockRecord(*row) for row in await self._run(self._select, sql, tuple(params))]
+        return await self._run(self._records, sql, tuple(params))
+
+    def _records(self, sql: str, params: tuple[Any, ...]) -> list[BlockRecord]:
+        return [BlockRecord(*row) for row in self.db.execute(sql, params)]
+
+    async def summary(
+        self, limits: dict[str, float], offsets: dict[str, float], now: float, tenant: str | None,
+    ) -> LedgerSummary:
+        return await self._run(sqlite_tally.summary, self.db, limits, offsets, now, tenant)
+
+    async def compact(self, before: float) -> int:
+        """Delete closed records removed before `before`; the audit's totals keep them."""
+        return await self._run(sqlite_tally.compact, self.db, before)
 
     async def missing_batches(self) -> dict[str, int]:
         sql = "SELECT source, SUM(last_seq - first_seq + 1) FROM ledger_gaps GROUP BY source"
@@ -211,10 +334,6 @@ def _open_row(batch: BatchOps, op: OpenOp) -> tuple[Any, ...]:
             op.stored_at, batch.policy_version)
 
 
-def _close_row(batch: BatchOps, op: CloseOp) -> tuple[Any, ...]:
-    return (op.removed_at, batch.source, op.medium, to_sql(op.block_hash))
-
-
 def _stored_hash(value: int | bytes) -> HashValue:
     restored = from_sql(value)
     assert restored is not None  # the column is NOT NULL
@@ -228,7 +347,22 @@ class _transaction:
         self.db = db
 
     def __enter__(self) -> None:
+        if self.db.in_transaction:  # a COMMIT that failed earlier left one open: start clean
+            self.db.execute("ROLLBACK")
         self.db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is None:
+            try:
+                self.db.execute("COMMIT")
+                return
+            except sqlite3.Error:
+                self._rollback()
+                raise
+        self._rollback()
+
+    def _rollback(self) -> None:
+        """Best effort: the batches stay with the writer, which retries the whole transaction."""
+        if self.db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")

@@ -105,6 +105,8 @@ def _event_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kv-events-topic", default=SimConfig.kv_events_topic, help="topic frame")
     group.add_argument("--kv-events-buffer-steps", type=int, default=SimConfig.kv_events_buffer_steps,
                        help="batches kept for replay (default %(default)s)")
+    group.add_argument("--kv-events-hwm", type=int, default=SimConfig.kv_events_hwm,
+                       help="PUB high-water mark in messages, as vLLM's `hwm` (default %(default)s)")
     group.add_argument("--self-describing-kv-events", action="store_true",
                        help="full CPU BlockStored payloads instead of placeholders")
     group.add_argument("--replay-without-topic", action="store_true",

@@ -41,6 +41,7 @@ class SimConfig:
     kv_events_replay_endpoint: str | None = None
     kv_events_topic: str = ""
     kv_events_buffer_steps: int = 10000
+    kv_events_hwm: int = 100_000  # vLLM's KVEventsConfig.hwm: PUB high-water mark, in messages
     self_describing_kv_events: bool = False
     lmcache: bool = False
     lmcache_chunk_size: int = 256
@@ -97,7 +98,7 @@ class SimConfig:
 
 
 _POSITIVE = ("port", "block_size", "gpu_blocks", "max_model_len", "max_tokens_default", "offload_block_size",
-             "kv_bytes_per_token", "kv_events_buffer_steps", "record_limit", "lmcache_chunk_size",
+             "kv_bytes_per_token", "kv_events_buffer_steps", "kv_events_hwm", "record_limit", "lmcache_chunk_size",
              "lmcache_chunks")
 _NON_NEGATIVE = ("base_ttft_ms", "prefill_us_per_token", "cached_us_per_token", "decode_ms_per_token",
                  "load_us_per_token", "cpu_bytes_to_use")

@@ -138,7 +138,7 @@ class Engine:
         try:
             await asyncio.sleep(run.prefill_s)
         except asyncio.CancelledError:
-            self._publish(run.pending)
+            self._publish(run.pending, run.request.cache_salt)
             self.finish(run, (), "abort")
             raise
         if run.load_failed:
@@ -148,10 +148,10 @@ class Engine:
 
     def _abandon(self, run: Run) -> None:
         """End a request whose load failed: the blocks it was filling hold nothing valid, so they leave the cache."""
-        self._publish(run.pending)
+        self._publish(run.pending, run.request.cache_salt)
         self.finish(run, (), "error")
         dropped = self.cache.drop(run.new_blocks)
-        self._publish([kv_events.gpu_removed(block) for block in dropped] if self.sink.enabled else [])
+        self._publish([kv_events.gpu_removed(block) for block in dropped] if self.sink.enabled else [], None)
         self._update_gauges()
 
     def _load_fails(self, run: Run) -> bool:
@@ -225,7 +225,7 @@ class Engine:
 
     def _complete_prefill(self, run: Run) -> None:
         run.first_token_at = time.monotonic()
-        self._publish(run.pending)
+        self._publish(run.pending, run.request.cache_salt)
         run.pending = []
         if self.offload is not None:
             self._offload_after_prefill(run)
@@ -239,13 +239,14 @@ class Engine:
         if run.loaded:
             self.offload.load(run.hashes, run.gpu_hit, run.loaded)
         request = run.request
-        self._publish(self.offload.store(request.prompt, run.hashes, request.caps.max_offload_tokens))
+        self._publish(self.offload.store(request.prompt, run.hashes, request.caps.max_offload_tokens),
+                      request.cache_salt)
 
     def _lmcache_after_prefill(self, run: Run, lmcache: LMCacheConnector) -> None:
         request = run.request
         if run.loaded:
             lmcache.load(request.prompt, request.body, request.cache_salt, run.loaded)
-        self._publish(lmcache.store(request.prompt, request.body, request.cache_salt))
+        self._publish(lmcache.store(request.prompt, request.body, request.cache_salt), request.cache_salt)
 
     def _prefill_stats(self, run: Run) -> PrefillStats:
         assert run.first_token_at is not None
@@ -276,12 +277,13 @@ class Engine:
         new = chain_hashes(tokens, size, run.request.cache_salt, start, parent)
         taken = self.cache.acquire(new)
         chain = [*run.hashes, *new]
-        self._publish(self._stored_events(tokens, chain, start, taken, run.request.cache_salt))
+        self._publish(self._stored_events(tokens, chain, start, taken, run.request.cache_salt), run.request.cache_salt)
         return taken
 
-    def _publish(self, events: list[Event]) -> None:
+    def _publish(self, events: list[Event], owner: str | None) -> None:
+        """`owner`: the request's cache salt; new blocks in these events are its (the truth seam counts them)."""
         if events:
-            self.sink.publish(events)
+            self.sink.publish(events, owner)
 
     def _update_gauges(self) -> None:
         self.metrics.set_queue(self.waiting, self.running)

@@ -25,7 +25,9 @@ class EventSink(Protocol):
     @property
     def enabled(self) -> bool: ...
 
-    def publish(self, events: list[Event]) -> None: ...
+    def publish(self, events: list[Event], owner: str | None = None) -> None:
+        """`owner`: the cache salt of the request whose step made the events (for the truth seam)."""
+        ...
 
 
 class NullSink:
@@ -35,7 +37,7 @@ class NullSink:
     def enabled(self) -> bool:
         return False
 
-    def publish(self, events: list[Event]) -> None:
+    def publish(self, events: list[Event], owner: str | None = None) -> None:
         return None
 
 

@@ -24,11 +24,11 @@ import zmq.asyncio
 
 from gateway.sim.config import SimConfig
 from gateway.sim.kv_events import Event
+from gateway.sim.truth import EmittedTruth
 
 logger = logging.getLogger("gateway.sim")
 END_SEQ = b"\xff" * 8
 MAX_QUEUE = 100_000
-PUB_HWM = 100_000
 
 
 def binds(endpoint: str) -> bool:
@@ -43,8 +43,9 @@ class KvEventPublisher:
         self._endpoint = config.kv_events_endpoint or ""
         self._replay_endpoint = config.kv_events_replay_endpoint
         self._topic = config.kv_events_topic.encode()
+        self._hwm = config.kv_events_hwm
         self._with_topic = not config.replay_without_topic
-        self._queue: deque[tuple[float, list[Event]]] = deque()
+        self._queue: deque[tuple[float, list[Event], str | None]] = deque()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.kv_events_buffer_steps)
         self._wake = asyncio.Event()
         self._stopping = False
@@ -54,6 +55,7 @@ class KvEventPublisher:
         self._replay: zmq.asyncio.Socket | None = None
         self.next_seq = 0
         self.dropped = 0
+        self.truth = EmittedTruth()  # what was sent, for `GET /sim/kv-truth`
 
     @property
     def enabled(self) -> bool:
@@ -64,19 +66,19 @@ class KvEventPublisher:
         """Batches handed to the publisher so far (the next one will get this seq)."""
         return self.next_seq + len(self._queue)
 
-    def publish(self, events: list[Event]) -> None:
+    def publish(self, events: list[Event], owner: str | None = None) -> None:
         """Queue one batch (never blocks); it is sent by `run()`."""
         if len(self._queue) >= MAX_QUEUE:
             self.dropped += 1
             return
-        self._queue.append((time.time(), events))
+        self._queue.append((time.time(), events, owner))
         self._wake.set()
 
     def open(self) -> None:
         """Create, bind or connect the sockets (raises when an endpoint cannot be used)."""
         self._context = zmq.asyncio.Context()
         self._pub = self._context.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.SNDHWM, PUB_HWM)
+        self._pub.setsockopt(zmq.SNDHWM, self._hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
         (self._pub.bind if binds(self._endpoint) else self._pub.connect)(self._endpoint)
         if self._replay_endpoint:
@@ -102,7 +104,7 @@ class KvEventPublisher:
     def describe(self) -> dict[str, object]:
         """This publisher's settings, in the shape of vLLM's KVEventsConfig (for /kv_event_sources)."""
         return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self._endpoint,
-                "replay_endpoint": self._replay_endpoint, "buffer_steps": self._buffer.maxlen, "hwm": PUB_HWM,
+                "replay_endpoint": self._replay_endpoint, "buffer_steps": self._buffer.maxlen, "hwm": self._hwm,
                 "max_queue_size": MAX_QUEUE, "topic": self._topic.decode()}
 
     async def _pump(self) -> None:
@@ -115,11 +117,12 @@ class KvEventPublisher:
     async def _drain(self) -> None:
         assert self._pub is not None
         while self._queue:
-            ts, events = self._queue.popleft()
+            ts, events, owner = self._queue.popleft()
             seq = self.next_seq
             self.next_seq += 1
             payload = self._encode([ts, events, 0])
             self._buffer.append((seq, payload))
+            self.truth.sent(events, owner)
             await self._pub.send_multipart([self._topic, seq.to_bytes(8, "big"), payload])
 
     async def _serve_replay(self) -> None:

@@ -208,6 +208,13 @@ async def sim_state(state: SimState, request: HttpRequest, record: RequestRecord
     }
 
 
+async def sim_kv_truth(state: SimState, request: HttpRequest, record: RequestRecord) -> Reply:
+    """Test seam: per cache salt and medium, the blocks this server announced stored, removed, still held."""
+    if state.publisher is None:
+        return 404, {"error": "KV events are disabled"}
+    return 200, state.publisher.truth.view()
+
+
 async def server_info(state: SimState, request: HttpRequest, record: RequestRecord) -> Reply:
     """vLLM's dev-mode `GET /server_info` (VLLM_SERVER_DEV_MODE=1), reduced to the parts a gateway reads; the
     real one dumps the whole engine config. Without dev mode the route does not exist (404)."""
@@ -275,4 +282,5 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/server_info": {"GET": simple(server_info)},
     "/sim/requests": {"GET": simple(sim_requests), "DELETE": simple(sim_requests_clear)},
     "/sim/state": {"GET": simple(sim_state)},
+    "/sim/kv-truth": {"GET": simple(sim_kv_truth)},
 }

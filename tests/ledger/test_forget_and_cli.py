@@ -17,7 +17,7 @@ from gateway.ledger.forget import with_salt_epoch
 from gateway.policy.loader import load_policy_set
 from tests.harness import expected_salt
 from tests.ledger.publisher import VllmPublisher, placeholder, removed, stored
-from tests.ledger.support import SECRET, Backend, counts, eventually, running_ledger, write_policies
+from tests.ledger.support import SECRET, Backend, Running, counts, eventually, running_ledger, write_policies
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMENTED = """# acme: compliance contact is legal@acme.example
@@ -73,8 +73,9 @@ def test_old_epoch_drains_after_forget(tmp_path: Path, backend: Backend) -> None
             gpu_epochs, cpu_epochs = (report["tenants"]["acme"][m]["epochs"] for m in ("GPU", "CPU"))
             assert gpu_epochs["1"]["resident"] == 0 and gpu_epochs["1"]["drained_at"] is not None
             assert cpu_epochs["1"]["drained_at"] == cpu_epochs["1"]["last_removed_at"] is not None
-            assert gpu_epochs["2"] == {"stored": 1, "removed": 0, "resident": 1, "last_removed_at": None,
-                                       "drained_at": None}
+            assert gpu_epochs["1"]["drain"] == {"proven": True, "reasons": []}
+            assert gpu_epochs["2"] == {"stored": 1, "removed": 0, "resident": 1, "unknown": 0, "last_removed_at": None,
+                                       "drained_at": None, "drain": {"proven": False, "reasons": ["1 blocks resident"]}}
 
     try:
         asyncio.run(scenario())
@@ -100,3 +101,36 @@ def _check_cli_reports(root: Path, backend: Backend) -> None:
     assert [(row["medium"], row["stored"]) for row in rows] == [("GPU", "3"), ("CPU", "1")]
     future = _cli("audit", "--policies", str(root), "--since", "2999-01-01T00:00:00", env=env)
     assert future.returncode == 0 and "acme" in future.stdout
+
+
+def test_reset_source_closes_the_cpu_tier_and_the_gateway_forgets_those_blocks(
+    tmp_path: Path, publisher: VllmPublisher
+) -> None:
+    root = write_policies(tmp_path / "policies", {"offload": [publisher.endpoint]}, {"acme": {}})
+    backend = Backend("sqlite", tmp_path / "ledger.sqlite3")
+    env = {"KVGATE_STATE_PATH": str(backend.state_path), "KVGATE_POLICIES": str(root)}
+    salt = expected_salt(SECRET, "acme", 1)
+
+    async def scenario() -> None:
+        async with running_ledger(root, backend) as ledger:
+            publisher.publish([stored([1, 2], salt=salt), placeholder(1), placeholder(2)])
+            await eventually(ledger.audit, lambda r: counts(r, "acme", "CPU") == (2, 0, 2))
+            unknown = await asyncio.to_thread(_cli, "ledger", "reset-source", "nope/0", "--medium", "cpu", env=env)
+            assert unknown.returncode == 1 and "unknown source" in unknown.stderr
+            done = await asyncio.to_thread(_cli, "ledger", "reset-source", "offload/0", "--medium", "cpu", env=env)
+            assert done.returncode == 0, done.stderr
+            assert "offload/0: 2 open records on CPU closed as reset" in done.stdout
+            report = await ledger.audit()
+            assert counts(report, "acme", "CPU") == (2, 2, 0) and counts(report, "acme", "GPU") == (2, 0, 2)
+            assert report["tenants"]["acme"]["CPU"]["closed_by"] == {"reset": 2}
+            assert report["gaps"][0]["resets"] == 1
+            # The running gateway learns of the reset: the same chunk offloaded again is a new record.
+            await eventually(lambda: _forgotten(ledger, 1), lambda gone: gone)
+            publisher.publish([placeholder(1)])
+            await eventually(ledger.audit, lambda r: counts(r, "acme", "CPU") == (3, 2, 1))
+
+    asyncio.run(scenario())
+
+
+async def _forgotten(ledger: Running, block: int) -> bool:
+    return ("CPU", block) not in ledger.service.state.resident("offload/0")

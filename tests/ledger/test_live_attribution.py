@@ -57,8 +57,12 @@ def test_each_block_is_attributed_exactly(tmp_path: Path, backend: Backend, publ
             epochs = report["tenants"]["initech"]["GPU"]["epochs"]
             assert {epoch: view["stored"] for epoch, view in epochs.items()} == {"1": 3, "2": 2}
             assert list(report["tenants"]) == ["acme", "globex", "initech", "unattributed"]
-            assert report["gaps"] == [{"source": "offload/0", "missing_batches": 0, "restarts": 0, "lost": 0,
-                                       "closed_without_removal": 0, "last_restart_or_loss_at": None}]
+            gap = {key: report["gaps"][0][key] for key in ("source", "missing_batches", "restarts", "lost", "resumed",
+                                                            "resets", "closed_without_removal",
+                                                            "last_restart_or_loss_at")}
+            assert gap == {"source": "offload/0", "missing_batches": 0, "restarts": 0, "lost": 0, "resumed": 0,
+                           "resets": 0, "closed_without_removal": 0, "last_restart_or_loss_at": None}
+            assert len(report["gaps"]) == 1
             assert ledger.sample("kvgate_kv_blocks_stored_total", tenant="acme", medium="GPU") == 8
             assert ledger.sample("kvgate_kv_blocks_removed_total", tenant="acme", medium="GPU") == 1
             assert ledger.sample("kvgate_kv_blocks_resident", tenant="unattributed", medium="CPU") == 3

@@ -106,17 +106,32 @@ def test_a_publisher_restart_closes_the_old_process_blocks(
     asyncio.run(scenario())
 
 
-def test_a_source_that_stops_answering_is_closed(tmp_path: Path, backend: Backend, publisher: VllmPublisher) -> None:
+def test_a_silent_source_is_unknown_not_removed_and_resumes(
+    tmp_path: Path, backend: Backend, publisher: VllmPublisher
+) -> None:
     async def scenario() -> None:
         async with running_ledger(_policies(tmp_path, publisher), backend) as ledger:
             publisher.publish([stored([1, 2], salt=_salt("acme"))])
             await eventually(ledger.audit, lambda r: counts(r, "acme", "GPU")[2] == 2)
-            publisher.answer_replay = False
-            report = await eventually(ledger.audit, lambda r: counts(r, "acme", "GPU")[2] == 0)
-            assert report["tenants"]["acme"]["GPU"]["closed_by"] == {"lost": 2}
+            publisher.answer_replay = False  # a stalled host: neither events nor replay answers
+            report = await eventually(ledger.audit, lambda r: _unknown(r, "acme", "GPU") == 2)
+            gpu = report["tenants"]["acme"]["GPU"]
+            assert (gpu["removed"], gpu["resident"], gpu["closed_by"]) == (0, 0, {})  # lost is not removed
+            epoch = gpu["epochs"]["1"]
+            assert epoch["drained_at"] is None and not epoch["drain"]["proven"]
+            assert any("unknown" in reason for reason in epoch["drain"]["reasons"])
             assert report["gaps"][0]["lost"] == 1
+            publisher.answer_replay = True
+            publisher.publish([removed([1])])  # the same process's stream continues
+            report = await eventually(ledger.audit, lambda r: counts(r, "acme", "GPU") == (2, 1, 1))
+            assert _unknown(report, "acme", "GPU") == 0
+            assert report["tenants"]["acme"]["GPU"]["closed_by"] == {"removed": 1}
 
     asyncio.run(scenario())
+
+
+def _unknown(report: dict[str, Any], tenant: str, medium: str) -> int:
+    return int(report["tenants"].get(tenant, {}).get(medium, {}).get("unknown", 0))
 
 
 def test_a_source_that_starts_after_the_gateway_can_still_be_reported_lost(
@@ -139,7 +154,8 @@ def test_a_source_that_starts_after_the_gateway_can_still_be_reported_lost(
             report = await eventually(ledger.audit, lambda r: counts(r, "acme", "GPU")[2] == 0)
             stored_blocks = counts(report, "acme", "GPU")[0]
             assert stored_blocks > 0
-            assert report["tenants"]["acme"]["GPU"]["closed_by"] == {"lost": stored_blocks}
+            assert _unknown(report, "acme", "GPU") == stored_blocks
+            assert report["tenants"]["acme"]["GPU"]["closed_by"] == {}
 
     asyncio.run(scenario())
 
@@ -161,4 +177,26 @@ def test_a_gateway_restart_resumes_from_the_store(tmp_path: Path, backend: Backe
 
     asyncio.run(first_run())
     publisher.publish([removed([1]), stored([3], parent=2)], ts=now - 10)  # while no gateway listens
+    asyncio.run(second_run())
+
+
+def test_copy_counts_survive_a_gateway_restart(tmp_path: Path, backend: Backend, publisher: VllmPublisher) -> None:
+    root = _policies(tmp_path, publisher)
+
+    async def first_run() -> None:
+        async with running_ledger(root, backend) as ledger:
+            publisher.publish([stored([1], salt=_salt("acme"))])
+            publisher.publish([stored([1], salt=_salt("acme"))])  # vLLM holds a second copy of block 1
+            await eventually(ledger.audit, lambda r: counts(r, "acme", "GPU") == (1, 0, 1))
+
+    async def second_run() -> None:
+        async with running_ledger(root, backend) as ledger:
+            publisher.publish([removed([1])])  # one copy left: still resident
+            publisher.publish([stored([2], salt=_salt("globex"))])
+            report = await eventually(ledger.audit, lambda r: counts(r, "globex", "GPU") == (1, 0, 1))
+            assert counts(report, "acme", "GPU") == (1, 0, 1)
+            publisher.publish([removed([1])])  # the last copy
+            await eventually(ledger.audit, lambda r: counts(r, "acme", "GPU") == (1, 1, 0))
+
+    asyncio.run(first_run())
     asyncio.run(second_run())

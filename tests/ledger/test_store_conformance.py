@@ -12,10 +12,14 @@ from gateway.ledger.records import (
     BatchOps,
     ClearOp,
     CloseOp,
+    CopiesOp,
     GapRecord,
     OpenOp,
+    ResumeOp,
     SaltDigestEntry,
+    SilenceOp,
     SourceEvent,
+    TenantPolicyRecord,
 )
 from gateway.ledger.redis_store import RedisStore
 from gateway.ledger.sqlite_store import SqliteStore
@@ -56,6 +60,48 @@ def test_a_batch_applies_once(backend: Backend) -> None:
         assert await store.apply([batch]) == [True]
         assert await store.apply([batch, _batch(1, 11.0, _open_op(3))]) == [False, True]
         assert len(await store.records(None, None)) == 3
+
+    _with_store(backend, body)
+
+
+def test_two_sources_with_the_same_seq_and_ts_are_two_batches(backend: Backend) -> None:
+    """Idempotency is keyed on (source, seq, ts): the source is part of the key."""
+    async def body(store: LedgerStore) -> None:
+        first, second = _batch(0, 10.0, _open_op(1)), _batch(0, 10.0, _open_op(1), source="other/0")
+        assert await store.apply([first, second]) == [True, True]
+        assert await store.apply([second, first]) == [False, False]
+        assert sorted(r.source for r in await store.records(None, None)) == ["other/0", "pool/0"]
+
+    _with_store(backend, body)
+
+
+def test_copies_and_silences_are_persisted(backend: Backend) -> None:
+    async def body(store: LedgerStore) -> None:
+        await store.apply([_batch(0, 10.0, _open_op(1), _open_op(2), CopiesOp("GPU", 1, 2))])
+        assert {(b.block_hash, b.copies, b.unknown) for b in await store.open_blocks()} == {(1, 2, False),
+                                                                                           (2, 1, False)}
+        await store.apply([_batch(-1, 20.0, SilenceOp(20.0))])
+        assert {b.unknown for b in await store.open_blocks()} == {True}
+        assert {r.unknown_since for r in await store.records(None, None)} == {20.0}
+        await store.apply([_batch(1, 30.0, ResumeOp(30.0), CloseOp("GPU", 2, 30.0))])
+        assert {(b.block_hash, b.unknown) for b in await store.open_blocks()} == {(1, False)}
+        kinds = [(event.kind, event.closed) for event in await store.source_events()]
+        assert kinds == [("silent", 2), ("resumed", 2)]
+
+    _with_store(backend, body)
+
+
+def test_clock_offsets_and_last_policies_are_kept(backend: Backend) -> None:
+    async def body(store: LedgerStore) -> None:
+        await store.record_clock({"pool/0": 1.5}, 100.0)
+        await store.record_clock({"pool/0": -0.25, "other/0": 3.0}, 200.0)
+        assert await store.clock_offsets() == {"pool/0": -0.25, "other/0": 3.0}
+        old = TenantPolicyRecord("acme", 60.0, ("GPU", "CPU"), "v1", 100.0)
+        await store.remember_policies([old, TenantPolicyRecord("globex", None, ("GPU",), "v1", 100.0)])
+        await store.remember_policies([TenantPolicyRecord("acme", 30.0, ("GPU",), "v2", 200.0)])
+        policies = await store.tenant_policies()
+        assert policies["acme"] == TenantPolicyRecord("acme", 30.0, ("GPU",), "v2", 200.0)
+        assert policies["globex"].retention_s is None and policies["globex"].media == ("GPU",)
 
     _with_store(backend, body)
 

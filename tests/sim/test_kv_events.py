@@ -138,3 +138,14 @@ def test_replay_without_topic_frame(selfdesc_sim: EventsServer) -> None:
     live = selfdesc_sim.run(words(64))
     replies = replay(selfdesc_sim.replay_endpoint, live[-1].seq)
     assert replies == [[b"", live[-1].seq.to_bytes(8, "big"), live[-1].payload], [b"", END_SEQ, b""]]
+
+
+def test_kv_truth_counts_what_was_sent_per_salt(events_sim: EventsServer) -> None:
+    batches = events_sim.run(words(256), cache_salt="truth-salt")
+    gpu = [h for e in of(batches, "BlockStored", "GPU") for h in e["block_hashes"]]
+    cpu = [h for e in of(batches, "BlockStored", "CPU") for h in e["block_hashes"]]
+    view = httpx.get(f"{events_sim.url}/sim/kv-truth").json()
+    assert view["by_salt"]["truth-salt"] == {"CPU": {"stored": len(cpu), "removed": 0, "resident": len(cpu)},
+                                             "GPU": {"stored": len(gpu), "removed": 0, "resident": len(gpu)}}
+    assert (len(gpu), len(cpu)) == (16, 4)
+    assert view["batches_sent"] >= events_sim.subscriber.received[-1].seq + 1

@@ -20,6 +20,7 @@ from gateway.ledger.records import (
     ClearOp,
     Closed,
     CloseOp,
+    CopiesOp,
     OpenBlock,
     OpenOp,
     SaltDigestEntry,
@@ -215,9 +216,9 @@ def test_a_duplicate_store_is_counted_once_and_closes_with_its_last_copy() -> No
     state = LedgerState(index())
     state.apply("s", 0, batch(10.0, stored([1], ACME_2)), "v")
     again = state.apply("s", 1, batch(20.0, stored([1], ACME_2)), "v")
-    assert again.ops == []
+    assert again.ops == [CopiesOp("GPU", 1, 2)]  # no new record; the copy count is persisted
     first_removal = state.apply("s", 2, batch(30.0, BlockRemoved([1])), "v")
-    assert first_removal.ops == [] and first_removal.closed == []
+    assert first_removal.ops == [CopiesOp("GPU", 1, 1)] and first_removal.closed == []
     last_removal = state.apply("s", 3, batch(45.0, BlockRemoved([1])), "v")
     assert last_removal.ops == [CloseOp("GPU", 1, 45.0)]
     assert last_removal.closed == [Closed("acme", "GPU", 35.0, False)]
@@ -287,8 +288,8 @@ def test_load_resumes_resident_blocks_and_their_owners() -> None:
             OpenBlock("s", "CPU", 9, "unattributed", None, 6.0)]
     state.load(rows)
     assert state.resident_counts == Counter({("acme", "GPU"): 1, ("unattributed", "CPU"): 1})
-    assert state.known.get(1) == ACME
-    assert state.known.get(9) is None
+    assert state.owners.get(1) == ACME  # attribution asks the resident blocks first
+    assert state.owners.get(9) is None
     child = state.apply("s", 0, batch(8.0, stored([2], parent=1)), "v")
     assert child.ops == [OpenOp("GPU", 2, 1, "acme", 2, 8.0)]
     assert state.apply("s", 1, batch(9.0, BlockRemoved([1])), "v").closed == [Closed("acme", "GPU", 4.0, False)]
@@ -331,8 +332,8 @@ def test_three_copies_need_three_removals() -> None:
     state = LedgerState(index())
     for seq in range(3):
         state.apply("s", seq, batch(float(seq), stored([1], ACME_2)), "v")
-    assert state.apply("s", 3, batch(10.0, BlockRemoved([1])), "v").ops == []
-    assert state.apply("s", 4, batch(11.0, BlockRemoved([1])), "v").ops == []
+    assert state.apply("s", 3, batch(10.0, BlockRemoved([1])), "v").ops == [CopiesOp("GPU", 1, 2)]
+    assert state.apply("s", 4, batch(11.0, BlockRemoved([1])), "v").ops == [CopiesOp("GPU", 1, 1)]
     assert state.apply("s", 5, batch(12.0, BlockRemoved([1])), "v").ops == [CloseOp("GPU", 1, 12.0)]
 
 
@@ -340,7 +341,7 @@ def test_a_removal_of_a_duplicate_does_not_stop_the_rest_of_the_event() -> None:
     state = LedgerState(index())
     state.apply("s", 0, batch(1.0, stored([1, 2], ACME_2), stored([1], ACME_2)), "v")
     out = state.apply("s", 1, batch(2.0, BlockRemoved([1, 2])), "v")
-    assert out.ops == [CloseOp("GPU", 2, 2.0)]
+    assert out.ops == [CopiesOp("GPU", 1, 1), CloseOp("GPU", 2, 2.0)]
 
 
 def test_load_counts_every_distinct_block() -> None:

@@ -20,13 +20,17 @@ def test_next_gap_and_duplicate_after_a_cursor() -> None:
     assert tracker.classify(6, 10.0) == Arrival(Verdict.GAP, 5, 5)
     assert tracker.classify(9, 11.0) == Arrival(Verdict.GAP, 5, 8)
     assert tracker.classify(4, 10.0) == Arrival(Verdict.DUPLICATE)  # same seq, same time: the live copy
-    assert tracker.classify(3, 9.0) == Arrival(Verdict.DUPLICATE)  # replay overlap
+    # Below the cursor and not remembered (only the cursor's batch is): replay must prove what it is.
+    assert tracker.classify(3, 9.0) == Arrival(Verdict.UNCERTAIN)
+    tracker.accept(5, 10.0)
+    assert tracker.classify(5, 10.0) == Arrival(Verdict.DUPLICATE)  # remembered: replay overlap
 
 
-def test_a_lower_or_equal_seq_with_a_later_time_is_a_restart() -> None:
+def test_a_remembered_seq_with_another_time_is_a_restart_whatever_the_clock() -> None:
     tracker = SequenceTracker(Cursor(4, 10.0))
-    assert tracker.classify(0, 10.5) == Arrival(Verdict.RESTART)
     assert tracker.classify(4, 10.5) == Arrival(Verdict.RESTART)
+    assert tracker.classify(4, 3.0) == Arrival(Verdict.RESTART)  # a new host's clock may be behind
+    assert tracker.classify(0, 10.5) == Arrival(Verdict.UNCERTAIN)  # not remembered: proven through replay
     assert tracker.classify(5, 10.5) == Arrival(Verdict.NEXT)  # a higher seq is never a restart by time
 
 

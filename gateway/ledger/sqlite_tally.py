@@ -1,0 +1,263 @@
+"""Incremental audit aggregates inside the SQLite ledger: per (tenant, medium, epoch) counts, close reasons
+and a lifetime histogram (1-second buckets, rounded up, so "lifetime > N s" is exact for whole seconds),
+changed in the same transaction as the records they count (`TallyDelta`: each statement reports the rows
+it really opened, closed or turned unknown, and the deltas are written once per flush). The audit reads
+these small tables and a few indexed counts instead of every record, and closed records older than the
+compaction horizon can be deleted without changing any total. Runs on the store's SQLite thread.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.ledger.records import CloseCount, LedgerSummary, LifetimeStats, TallyRow
+
+NO_EPOCH = -1
+COMPACT_CHUNK = 50_000
+
+TALLY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ledger_tally (
+    tenant TEXT NOT NULL, medium TEXT NOT NULL, epoch INTEGER NOT NULL, stored INTEGER NOT NULL DEFAULT 0,
+    removed INTEGER NOT NULL DEFAULT 0, open INTEGER NOT NULL DEFAULT 0, unknown INTEGER NOT NULL DEFAULT 0,
+    last_removed_at REAL, max_lifetime REAL, PRIMARY KEY (tenant, medium, epoch)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger_closes (
+    tenant TEXT NOT NULL, medium TEXT NOT NULL, epoch INTEGER NOT NULL, closed_by TEXT NOT NULL,
+    count INTEGER NOT NULL, PRIMARY KEY (tenant, medium, epoch, closed_by)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger_lifetimes (
+    tenant TEXT NOT NULL, medium TEXT NOT NULL, ceil_s INTEGER NOT NULL, count INTEGER NOT NULL, high REAL NOT NULL,
+    PRIMARY KEY (tenant, medium, ceil_s)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger_open_by_source (
+    source TEXT NOT NULL, tenant TEXT NOT NULL, medium TEXT NOT NULL, open INTEGER NOT NULL,
+    PRIMARY KEY (tenant, medium, source)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger_compaction (id INTEGER PRIMARY KEY CHECK (id = 1), compacted_before REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS ledger_blocks_open_age ON ledger_blocks(tenant, medium, source, stored_at)
+    WHERE removed_at IS NULL;
+DROP INDEX IF EXISTS ledger_blocks_closed;
+DROP TRIGGER IF EXISTS ledger_tally_open;
+DROP TRIGGER IF EXISTS ledger_tally_close;
+DROP TRIGGER IF EXISTS ledger_tally_unknown;
+"""
+
+BACKFILL = """
+INSERT INTO ledger_tally (tenant, medium, epoch, stored, removed, open, unknown, last_removed_at, max_lifetime)
+SELECT tenant, medium, COALESCE(epoch, -1), COUNT(*), COUNT(removed_at), COUNT(*) - COUNT(removed_at),
+       SUM(removed_at IS NULL AND unknown_since IS NOT NULL), MAX(removed_at), MAX(removed_at - stored_at)
+FROM ledger_blocks GROUP BY tenant, medium, COALESCE(epoch, -1);
+INSERT INTO ledger_closes SELECT tenant, medium, COALESCE(epoch, -1), COALESCE(closed_by, 'removed'), COUNT(*)
+FROM ledger_blocks WHERE removed_at IS NOT NULL GROUP BY 1, 2, 3, 4;
+INSERT INTO ledger_lifetimes SELECT tenant, medium, CAST(MAX(0, ceil(removed_at - stored_at)) AS INTEGER), COUNT(*),
+       MAX(removed_at - stored_at)
+FROM ledger_blocks WHERE removed_at IS NOT NULL GROUP BY 1, 2, 3;
+INSERT INTO ledger_open_by_source SELECT source, tenant, medium, COUNT(*) FROM ledger_blocks WHERE removed_at IS NULL
+GROUP BY 1, 2, 3;
+"""
+
+
+TALLY_UPSERT = """
+INSERT INTO ledger_tally (tenant, medium, epoch, stored, removed, open, unknown, last_removed_at, max_lifetime)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, medium, epoch) DO UPDATE SET
+    stored = stored + excluded.stored, removed = removed + excluded.removed, open = open + excluded.open,
+    unknown = unknown + excluded.unknown,
+    last_removed_at = MAX(COALESCE(last_removed_at, excluded.last_removed_at),
+                          COALESCE(excluded.last_removed_at, last_removed_at)),
+    max_lifetime = MAX(COALESCE(max_lifetime, excluded.max_lifetime), COALESCE(excluded.max_lifetime, max_lifetime))
+"""
+CLOSES_UPSERT = ("INSERT INTO ledger_closes VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, medium, epoch, closed_by) "
+                 "DO UPDATE SET count = count + excluded.count")
+OPEN_BY_SOURCE_UPSERT = ("INSERT INTO ledger_open_by_source VALUES (?, ?, ?, ?) ON CONFLICT (tenant, medium, source) "
+                         "DO UPDATE SET open = open + excluded.open")
+LIFETIME_UPSERT = ("INSERT INTO ledger_lifetimes VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, medium, ceil_s) "
+                   "DO UPDATE SET count = count + excluded.count, high = MAX(high, excluded.high)")
+Key = tuple[str, str, int]  # tenant, medium, epoch (-1: none)
+
+
+class TallyDelta:
+    """What one flush changed, written in its transaction."""
+
+    def __init__(self) -> None:
+        self.counts: dict[Key, list[Any]] = {}  # stored, removed, open, unknown, last_removed_at, max_lifetime
+        self.closes: dict[tuple[str, str, int, str], int] = {}
+        self.lifetimes: dict[tuple[str, str, int], list[float]] = {}  # count, high
+        self.open_by_source: dict[tuple[str, str, str], int] = {}  # (source, tenant, medium) -> change
+
+    def _row(self, tenant: str, medium: str, epoch: int | None) -> list[Any]:
+        key = (tenant, medium, NO_EPOCH if epoch is None else epoch)
+        row = self.counts.get(key)
+        if row is None:
+            row = self.counts[key] = [0, 0, 0, 0, None, None]
+        return row
+
+    def _source_open(self, source: str, tenant: str, medium: str, change: int) -> None:
+        key = (source, tenant, medium)
+        self.open_by_source[key] = self.open_by_source.get(key, 0) + change
+
+    def opened(self, source: str, tenant: str, medium: str, epoch: int | None) -> None:
+        self._source_open(source, tenant, medium, 1)
+        row = self._row(tenant, medium, epoch)
+        row[0] += 1
+        row[2] += 1
+
+    def closed(self, source: str, tenant: str, medium: str, epoch: int | None, reason: str, stored_at: float,
+               removed_at: float, was_unknown: bool) -> None:
+        self._source_open(source, tenant, medium, -1)
+        row = self._row(tenant, medium, epoch)
+        lifetime = removed_at - stored_at
+        row[1] += 1
+        row[2] -= 1
+        row[3] -= was_unknown
+        row[4] = removed_at if row[4] is None else max(row[4], removed_at)
+        row[5] = lifetime if row[5] is None else max(row[5], lifetime)
+        key = (tenant, medium, NO_EPOCH if epoch is None else epoch, reason)
+        self.closes[key] = self.closes.get(key, 0) + 1
+        bucket = (tenant, medium, max(0, math.ceil(lifetime)))
+        seen = self.lifetimes.get(bucket)
+        if seen is None:
+            self.lifetimes[bucket] = [1, lifetime]
+        else:
+            seen[0] += 1
+            seen[1] = max(seen[1], lifetime)
+
+    def unknown(self, tenant: str, medium: str, epoch: int | None, change: int) -> None:
+        self._row(tenant, medium, epoch)[3] += change
+
+    def write(self, db: sqlite3.Connection) -> None:
+        if self.counts:
+            db.executemany(TALLY_UPSERT, [(*key, *row) for key, row in self.counts.items()])
+        if self.closes:
+            db.executemany(CLOSES_UPSERT, [(*key, count) for key, count in self.closes.items()])
+        if self.open_by_source:
+            db.executemany(OPEN_BY_SOURCE_UPSERT, [(*key, change) for key, change in self.open_by_source.items()])
+        if self.lifetimes:
+            db.executemany(LIFETIME_UPSERT, [(*key, int(count), high) for key, (count, high) in self.lifetimes.items()])
+
+
+def install(db: sqlite3.Connection) -> None:
+    """Create the aggregate tables and triggers; fill them from the records of a file made before them."""
+    try:
+        db.execute("SELECT ceil(1.5)")
+    except sqlite3.OperationalError:  # an SQLite built without its math functions
+        db.create_function("ceil", 1, math.ceil, deterministic=True)
+    missing = {name for name in ("ledger_tally", "ledger_open_by_source")
+               if db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (name,)).fetchone() is None}
+    db.executescript(TALLY_SCHEMA)
+    if not missing or db.execute("SELECT 1 FROM ledger_blocks LIMIT 1").fetchone() is None:
+        return
+    steps = [step for step in BACKFILL.split(";") if step.strip()]
+    wanted = [step for step in steps if ("ledger_open_by_source" in step) == (missing == {"ledger_open_by_source"})
+              or missing == {"ledger_tally", "ledger_open_by_source"}]
+    db.executescript("BEGIN IMMEDIATE; " + "; ".join(wanted) + "; COMMIT;")
+
+
+def summary(
+    db: sqlite3.Connection, limits: Mapping[str, float], offsets: Mapping[str, float], now: float,
+    tenant: str | None,
+) -> LedgerSummary:
+    """`limits`: retention per tenant; `offsets`: clock offset per source; `now`: the gateway's time."""
+    where, params = ("WHERE tenant = ?", (tenant,)) if tenant is not None else ("", ())
+    tallies = [TallyRow(t, m, None if e == NO_EPOCH else e, s, r, o, u, last, longest)
+               for t, m, e, s, r, o, u, last, longest in db.execute(
+                   f"SELECT tenant, medium, epoch, stored, removed, open, unknown, last_removed_at, max_lifetime "  # noqa: S608
+                   f"FROM ledger_tally {where}", params)]
+    closes = [CloseCount(t, m, None if e == NO_EPOCH else e, c, n) for t, m, e, c, n in db.execute(
+        f"SELECT tenant, medium, epoch, closed_by, count FROM ledger_closes {where}", params)]  # noqa: S608
+    lifetimes = {(row.tenant, row.medium): _lifetime_stats(db, row.tenant, row.medium, limits.get(row.tenant))
+                 for row in _merged(tallies) if row.removed > 0}
+    overdue, oldest = _open_ages(db, limits, offsets, now, tenant)
+    row = db.execute("SELECT compacted_before FROM ledger_compaction WHERE id = 1").fetchone()
+    return LedgerSummary(tallies, closes, lifetimes, overdue, oldest, row[0] if row else None)
+
+
+def _merged(tallies: list[TallyRow]) -> list[TallyRow]:
+    """One row per (tenant, medium) with the closed count summed over epochs."""
+    removed: dict[tuple[str, str], int] = {}
+    for row in tallies:
+        removed[(row.tenant, row.medium)] = removed.get((row.tenant, row.medium), 0) + row.removed
+    return [TallyRow(tenant, medium, None, 0, count, 0, 0, None, None) for (tenant, medium), count in removed.items()]
+
+
+RANKED = ("SELECT high FROM (SELECT high, SUM(count) OVER (ORDER BY ceil_s) AS seen FROM ledger_lifetimes "
+          "WHERE tenant = ? AND medium = ?) WHERE seen >= ? LIMIT 1")
+# A high percentile counted from the longest lifetimes down reads only the top buckets.
+# The bucket holding rank r from the bottom is the first, from the top, whose running count exceeds total - r.
+RANKED_FROM_TOP = ("SELECT high FROM (SELECT high, SUM(count) OVER (ORDER BY ceil_s DESC) AS seen FROM "
+                   "ledger_lifetimes WHERE tenant = ? AND medium = ?) WHERE seen > ? LIMIT 1")
+
+
+def _lifetime_stats(db: sqlite3.Connection, tenant: str, medium: str, limit: float | None) -> LifetimeStats:
+    """Ranks and sums computed by SQLite over the (tenant, medium) buckets; only four numbers come back."""
+    total, longest = db.execute("SELECT SUM(count), MAX(high) FROM ledger_lifetimes WHERE tenant = ? AND medium = ?",
+                                (tenant, medium)).fetchone()
+    if not total:
+        return LifetimeStats(0.0, 0.0, 0.0, 0)
+    p50 = db.execute(RANKED, (tenant, medium, max(1, math.ceil(0.50 * total)))).fetchone()[0]
+    p99 = db.execute(RANKED_FROM_TOP, (tenant, medium, total - max(1, math.ceil(0.99 * total)))).fetchone()[0]
+    outlived = 0 if limit is None else db.execute(
+        "SELECT COALESCE(SUM(count), 0) FROM ledger_lifetimes WHERE tenant = ? AND medium = ? AND ceil_s > ?",
+        (tenant, medium, limit)).fetchone()[0]
+    return LifetimeStats(p50, p99, longest, outlived)
+
+
+def _open_ages(
+    db: sqlite3.Connection, limits: Mapping[str, float], offsets: Mapping[str, float], now: float,
+    tenant: str | None,
+) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], float]]:
+    """Indexed: the oldest open block per (tenant, medium, source), and open blocks older than retention."""
+    where, params = ("AND tenant = ?", (tenant,)) if tenant is not None else ("", ())
+    overdue: dict[tuple[str, str], int] = {}
+    oldest: dict[tuple[str, str], float] = {}
+    pairs = db.execute(f"SELECT DISTINCT tenant, medium FROM ledger_tally WHERE open > 0 {where}", params).fetchall()  # noqa: S608
+    sources = [row[0] for row in db.execute("SELECT source FROM ledger_cursors UNION SELECT source FROM ledger_clock")]
+    for name, medium, source in ((n, m, s) for n, m in pairs for s in sources):
+        first = db.execute("SELECT MIN(stored_at) FROM ledger_blocks WHERE removed_at IS NULL AND tenant = ? AND "
+                           "medium = ? AND source = ?", (name, medium, source)).fetchone()[0]
+        if first is None:
+            continue
+        source_now = now - offsets.get(source, 0.0)
+        key = (name, medium)
+        oldest[key] = max(oldest.get(key, 0.0), source_now - first)
+        limit = limits.get(name)
+        if limit is not None and source_now - first > limit:
+            overdue[key] = overdue.get(key, 0) + _count_overdue(db, name, medium, source, source_now - limit)
+    return overdue, oldest
+
+
+PROBE = 10_000  # overdue blocks counted directly up to this many; past it, the young ones are counted instead
+OPEN_WHERE = "removed_at IS NULL AND tenant = ? AND medium = ? AND source = ?"
+
+
+def _count_overdue(db: sqlite3.Connection, tenant: str, medium: str, source: str, threshold: float) -> int:
+    """Open blocks stored before `threshold`, counting the smaller side of the index: SQLite counts a range
+    entry by entry, so when most open blocks are overdue, the open total minus the young ones is cheaper."""
+    params = (tenant, medium, source, threshold)
+    probed = db.execute(f"SELECT COUNT(*) FROM (SELECT 1 FROM ledger_blocks WHERE {OPEN_WHERE} AND stored_at < ? "  # noqa: S608
+                        f"LIMIT {PROBE})", params).fetchone()[0]
+    if probed < PROBE:
+        return int(probed)
+    young = db.execute(f"SELECT COUNT(*) FROM ledger_blocks WHERE {OPEN_WHERE} AND stored_at >= ?",  # noqa: S608
+                       params).fetchone()[0]
+    row = db.execute("SELECT open FROM ledger_open_by_source WHERE tenant = ? AND medium = ? AND source = ?",
+                     (tenant, medium, source)).fetchone()
+    return int((row[0] if row else 0) - young)
+
+
+def compact(db: sqlite3.Connection, before: float) -> int:
+    """Delete closed records removed before `before` (their totals stay in the aggregates), in chunks."""
+    deleted = 0
+    while True:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            count = db.execute("DELETE FROM ledger_blocks WHERE rowid IN (SELECT rowid FROM ledger_blocks "
+                               "WHERE removed_at IS NOT NULL AND removed_at < ? LIMIT ?)",
+                               (before, COMPACT_CHUNK)).rowcount
+            db.execute("INSERT INTO ledger_compaction VALUES (1, ?) ON CONFLICT (id) DO UPDATE "
+                       "SET compacted_before = MAX(compacted_before, excluded.compacted_before)", (before,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        deleted += count
+        if count < COMPACT_CHUNK:
+            return deleted

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.plan.admission_effect import admission_effect
 from gateway.plan.kvsize import ModelShape, ServerCache, compare
 from gateway.plan.replay import CacheShape, RequestReplay, TierShares, replay, share_error_bound, shares_at
 from gateway.plan.workingset import working_set
@@ -209,6 +210,7 @@ def _predict(sample: Sequence[TraceRecord], rate: float, shape: CacheShape, inpu
                                 sample, inputs, notes, working_sets)
     return {"curve": curve, "evaluated": evaluated, "knee": knee, "budgets": budgets,
             "recommendation": recommendation,
+            "admission": admission_effect(sample, shape, knee_chunks, inputs.honour_max_load),
             "unbounded_cpu_share": unbounded.cpu_share, "gpu_only_share": shares_at(replayed, 0).gpu_share}
 
 

@@ -12,7 +12,7 @@ UNKNOWN = "unknown"
 
 def render(plan: dict[str, Any], fmt: str) -> str:
     sections = [_header(plan), _kv(plan, fmt), _budgets(plan, fmt), _windows(plan, fmt), _curve(plan, fmt),
-                _recommendation(plan), _warnings(plan)]
+                _admission(plan, fmt), _recommendation(plan), _warnings(plan)]
     if fmt == "md":
         return "\n\n".join(part for part in sections if part) + "\n"
     return "\n\n".join(part for part in sections if part).replace("### ", "") + "\n"
@@ -74,6 +74,20 @@ def _curve(plan: dict[str, Any], fmt: str) -> str:
     head = ("", "CPU tier", "GPU cache", "CPU tier share", "recomputed", "CPU→GPU per hour", "load s/hour",
             "TTFT saving ms/req")
     return "### Predicted hit rates (two-tier LRU replay)\n" + _table(head, rows, fmt)
+
+
+def _admission(plan: dict[str, Any], fmt: str) -> str:
+    effect = plan.get("admission")
+    if not effect:
+        return ""
+    rule = effect["rule"]
+    rows = [(arm, _pct(effect[arm]["cpu_share"]), _pct(effect[arm]["gpu_share"]),
+             _num(effect[arm]["chunks_stored"])) for arm in ("without", "with")]
+    refused = effect["requests_storing_nothing_with_admission"]
+    title = (f"### Offload admission on this traffic (tier at the knee; `returning`, "
+             f"window {_window(rule['window_s'])}, min_seen {rule['min_seen']}): {refused} of "
+             f"{effect['requests']} requests would store nothing\n")
+    return title + _table(("admission", "CPU tier share", "GPU cache", "chunks stored (sampled)"), rows, fmt)
 
 
 def _recommendation(plan: dict[str, Any]) -> str:

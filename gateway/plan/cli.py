@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from gateway.connectors.cache_server import cache_server_memory
 from gateway.isotime import parse_since
 from gateway.plan.build import H200_LINK_BYTES_PER_S, PlanInputs, build_plan
 from gateway.plan.kvsize import (
@@ -57,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     budget.add_argument("--headroom", type=int, metavar="BYTES", help="RAM kept for the OS, tokenizers, buffers")
     budget.add_argument("--cache-process-rss", type=int, metavar="BYTES",
                         help="resident size of a separate cache process (e.g. LMCache in multi-process mode)")
+    budget.add_argument("--cache-server-metrics", metavar="URL|FILE",
+                        help="an LMCache multi-process server's /metrics: its process_resident_memory_bytes becomes "
+                             "the cache process's budget line (unless --cache-process-rss is given)")
     budget.add_argument("--current-cpu-bytes", type=int, metavar="BYTES", help="the tier's size today, if any")
     budget.add_argument("--cpu-bytes", type=int, action="append", default=[], metavar="BYTES",
                         help="also predict for this tier size (repeatable)")
@@ -98,14 +102,27 @@ async def plan_from_args(args: argparse.Namespace, settings: Settings) -> dict[s
         raise PlanError(f"no trace store at {settings.state_path} (set KVGATE_STATE_PATH, or KVGATE_REDIS_URL, as "
                         "the gateway has them)")
     records = await read_trace(settings, args.tenant, since)
+    cache_rss = args.cache_process_rss
+    if cache_rss is None and args.cache_server_metrics:
+        cache_rss = await _cache_server_rss(args.cache_server_metrics)
     inputs = PlanInputs(windows_s=windows, server=server, model=shape, prefill_s_per_token=prefill,
                         host_ram_bytes=args.host_ram, weights_bytes=args.weights_bytes, headroom_bytes=args.headroom,
-                        cache_process_rss_bytes=args.cache_process_rss, current_cpu_bytes=args.current_cpu_bytes,
+                        cache_process_rss_bytes=cache_rss, current_cpu_bytes=args.current_cpu_bytes,
                         evaluate_cpu_bytes=args.cpu_bytes, gpu_kv_tokens=args.gpu_kv_tokens,
                         block_size=args.block_size, offload_block_tokens=args.offload_block_tokens,
                         tensor_parallel=args.tensor_parallel, link_bytes_per_s=args.link_gbps * 1e9, pool=args.pool,
                         tenant=args.tenant, since=since, honour_max_load=not args.server_ignores_max_load)
     return build_plan(records, inputs)
+
+
+async def _cache_server_rss(source: str) -> int:
+    memory = cache_server_memory(await _metrics_text(source))
+    if memory is None:
+        raise PlanError(f"{source}: neither process_resident_memory_bytes nor lmcache:local_cache_usage in it")
+    if memory.lower_bound:
+        print(f"note: {source} shows only the CPU tier's bytes ({memory.metric}); the cache process holds more",
+              file=sys.stderr)
+    return memory.bytes
 
 
 async def read_trace(settings: Settings, tenant: str | None, since: float | None) -> list[TraceRecord]:

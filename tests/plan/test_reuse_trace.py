@@ -236,6 +236,16 @@ def test_trace_in_redis_read_by_kvgate_plan_and_erased_by_forget(tmp_path: Path)
                                   timeout=60, check=False)
             assert done.returncode == 0, done.stderr
             assert json.loads(done.stdout)["trace"]["records"] == 3
+            assert json.loads(done.stdout)["budgets"]["cache_process_rss_bytes"] is None  # not read: unknown
+            cache_metrics = tmp_path / "lmcache-server-metrics.txt"  # an LMCache MP server's page, as it shows RSS
+            cache_metrics.write_text("# TYPE process_resident_memory_bytes gauge\n"
+                                     "process_resident_memory_bytes 1.234567e+10\n")
+            done = subprocess.run([sys.executable, "-m", "gateway", "plan", "--tenant", "acme", "--format", "json",
+                                   "--metrics", f"{stack.sim_url}/metrics", "--cache-server-metrics",
+                                   str(cache_metrics)], env=env, capture_output=True, text=True, timeout=60,
+                                  check=False)
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["budgets"]["cache_process_rss_bytes"] == 12_345_670_000
             done = subprocess.run([sys.executable, "-m", "gateway", "tenant", "forget", "acme", "--policies",
                                    str(stack.policies.root)], env=env, capture_output=True, text=True, timeout=60,
                                   check=False)

@@ -21,7 +21,8 @@ from gateway.http.wiring import State, start, stop
 from gateway.log import get_logger, stack_frames
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import Outcome
-from gateway.policy.loader import KeyGrant, PolicySet
+from gateway.policy.loader import PolicySet
+from gateway.proxy.features import Admitted, Inbound
 from gateway.proxy.otel_metrics import OtelGenAIMetrics
 from gateway.proxy.record import Exchange, record
 from gateway.routes import FORWARDED_KINDS, ROUTES, RouteSpec
@@ -129,19 +130,21 @@ class GatewayApp:
         if grant is not None:
             authorize(grant, route)
             ex.tenant = grant.tenant
-        await self._dispatch(state, policies, grant, route, ex, scope, receive, send)
-
-    async def _dispatch(
-        self, state: State, policies: PolicySet, grant: KeyGrant | None, route: RouteSpec, ex: Exchange,
-        scope: Scope, receive: Receive, send: Send,
-    ) -> None:
+        inbound = Inbound(scope, receive, send)
         if route.kind in FORWARDED_KINDS and grant is not None:
-            tenant = policies.tenants[grant.tenant]
-            async with state.limits.tenant_slot(tenant):
-                await state.proxy.forward(ex, policies, tenant, route, scope, receive, send)
-            return
-        ex.status, body, headers = await answer_locally(state, policies, route, scope)
-        await send_body(send, ex.status, body, [*headers, (b"x-request-id", ex.request_id.encode())])
+            await self._forward(state, ex, Admitted(policies, policies.tenants[grant.tenant], route), inbound)
+        else:
+            await self._answer_locally(state, ex, policies, route, inbound)
+
+    async def _forward(self, state: State, ex: Exchange, admitted: Admitted, inbound: Inbound) -> None:
+        async with state.limits.tenant_slot(admitted.tenant):
+            await state.proxy.forward(ex, admitted, inbound)
+
+    async def _answer_locally(
+        self, state: State, ex: Exchange, policies: PolicySet, route: RouteSpec, inbound: Inbound
+    ) -> None:
+        ex.status, body, headers = await answer_locally(state, policies, route, inbound.scope)
+        await send_body(inbound.send, ex.status, body, [*headers, (b"x-request-id", ex.request_id.encode())])
 
 
 class ResponseTracker:

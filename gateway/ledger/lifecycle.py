@@ -29,6 +29,7 @@ from gateway.ledger.records import (
     ClearOp,
     Closed,
     CloseOp,
+    CloseReason,
     CopiesOp,
     OpenBlock,
     OpenOp,
@@ -59,7 +60,7 @@ class SourceEnd:
     batch of the new process, or the old cursor); records stored at or after `stored_before` belong to a new
     process and are spared, so a replica learning late does no harm. `reason`: restart or reset."""
 
-    reason: str
+    reason: CloseReason
     boundary_ts: float
     stored_before: float | None
     learned_at: float
@@ -114,7 +115,7 @@ class LedgerState:
             elif isinstance(event, BlockRemoved):
                 self._remove(blocks, event, batch.ts, out)
             elif isinstance(event, AllBlocksCleared):
-                self._clear(blocks, GPU_ONLY, None, batch.ts, "cleared", out)
+                self._clear(blocks, GPU_ONLY, None, batch.ts, CloseReason.CLEARED, out)
         return out
 
     def close_source(self, source: str, end: SourceEnd, policy_version: str) -> BatchOps:
@@ -172,7 +173,7 @@ class LedgerState:
 
     def _clear(
         self, blocks: dict[BlockKey, Resident], media: tuple[str, ...] | None, stored_before: float | None,
-        at: float, reason: str, out: BatchOps,
+        at: float, reason: CloseReason, out: BatchOps,
     ) -> None:
         out.ops.append(ClearOp(media, stored_before, at, reason))
         doomed = [key for key, resident in blocks.items() if _clearable(key, resident, media, stored_before)]

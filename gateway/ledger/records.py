@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import NamedTuple
 
 from gateway.kvevents.wire import HashValue
@@ -18,6 +19,17 @@ class Attribution:
 
 
 UNATTRIBUTED = Attribution(RESERVED_TENANT, None)
+
+
+class CloseReason(StrEnum):
+    """Why a block record closed (stored as its `closed_by`). Only the reasons in CLOSING_REASONS prove it is gone."""
+
+    REMOVED = "removed"  # vLLM's BlockRemoved
+    CLEARED = "cleared"  # vLLM's AllBlocksCleared (GPU)
+    RESTART = "restart"  # the publisher was proven to be a new process
+    RESTART_PRESUMED = "restart_presumed"  # the cursor's batch left replay while later ones exist: not a proof
+    RESET = "reset"  # an operator's `kvgate ledger reset-source` (vLLM announces no CPU-tier reset)
+    LOST = "lost"  # written by older versions when a source went silent; read, never written now
 
 
 class OpenOp(NamedTuple):
@@ -45,7 +57,7 @@ class ClearOp(NamedTuple):
     media: tuple[str, ...] | None
     stored_before: float | None
     at: float
-    reason: str  # cleared | restart | restart_presumed | reset (`lost`: older versions closed silent sources)
+    reason: CloseReason
 
 
 class CopiesOp(NamedTuple):
@@ -70,10 +82,10 @@ class ResumeOp(NamedTuple):
 
 
 Op = OpenOp | CloseOp | ClearOp | CopiesOp | SilenceOp | ResumeOp
-RESTART = "restart"
-PRESUMED_RESTART = "restart_presumed"  # the cursor's batch left replay while later ones exist: not a proof
-CLOSING_REASONS = frozenset({"removed", "cleared", RESTART, "reset"})  # what proves a block is gone
-SOURCE_EVENT_KINDS = ("restart", PRESUMED_RESTART, "reset", "lost")  # closes recorded as source events
+RESTART = CloseReason.RESTART
+PRESUMED_RESTART = CloseReason.RESTART_PRESUMED
+CLOSING_REASONS = frozenset({CloseReason.REMOVED, CloseReason.CLEARED, CloseReason.RESTART, CloseReason.RESET})
+SOURCE_EVENT_KINDS = (CloseReason.RESTART, CloseReason.RESTART_PRESUMED, CloseReason.RESET, CloseReason.LOST)
 
 
 class Closed(NamedTuple):

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from gateway.ledger.base import LedgerStore
-from gateway.ledger.records import CONTROL_SEQ, BatchOps, ClearOp
+from gateway.ledger.records import CONTROL_SEQ, BatchOps, ClearOp, CloseReason
 
 OPERATOR_VERSION = "operator-reset"
 
@@ -38,7 +38,7 @@ async def reset_source(
     at = time.time() if now is None else now
     offset = (await store.clock_offsets()).get(source)
     stored_before = at - (offset or 0.0)  # the publisher's clock: what it stored before the reset
-    batch = BatchOps(source, CONTROL_SEQ, at, OPERATOR_VERSION, [ClearOp(media, stored_before, at, "reset")])
+    batch = BatchOps(source, CONTROL_SEQ, at, OPERATOR_VERSION, [ClearOp(media, stored_before, at, CloseReason.RESET)])
     await store.apply([batch])
     closed = sum(event.closed for event in await store.source_events()
                  if event.source == source and event.kind == "reset" and event.boundary_ts == at)

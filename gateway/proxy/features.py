@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.asgi.io import Receive, Scope, Send
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import PoolConfig, TenantPolicy
 from gateway.proxy.record import Exchange
@@ -27,6 +28,24 @@ from gateway.proxy.rewrite import RewrittenRequest
 from gateway.routes import RouteSpec
 
 Finish = Callable[[Exchange], None]
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """The ASGI triple of one client request."""
+
+    scope: Scope
+    receive: Receive
+    send: Send
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """An authenticated request for a forwarded route: whose, and under which policy set."""
+
+    policies: PolicySet
+    tenant: TenantPolicy
+    route: RouteSpec
 
 
 @dataclass(frozen=True)

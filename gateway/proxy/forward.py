@@ -32,7 +32,7 @@ from gateway.policy.loader import PolicySet
 from gateway.policy.model import TenantPolicy
 from gateway.proxy.assemble import StreamAssembler
 from gateway.proxy.balance import UpstreamHealth
-from gateway.proxy.features import Call, Features, Finish, Outbound
+from gateway.proxy.features import Admitted, Call, Features, Finish, Inbound, Outbound
 from gateway.proxy.misspath import Failure, MissPath, peek_stream
 from gateway.proxy.record import Exchange
 from gateway.proxy.rewrite import RewrittenRequest, parse_json_object, rewrite_request
@@ -62,16 +62,13 @@ class Proxy:
         self.json_limits = json_limits
         self.body_timeout_s = body_timeout_s
 
-    async def forward(
-        self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
-        scope: Scope, receive: Receive, send: Send,
-    ) -> None:
+    async def forward(self, ex: Exchange, admitted: Admitted, inbound: Inbound) -> None:
         finishes: list[Finish] = []
         try:
-            call, outbound = await self._outbound(ex, policies, tenant, route, scope, receive, finishes)
+            call, outbound = await self._outbound(ex, admitted, inbound, finishes)
             finishes += self.features.sent(call, outbound, ex)
-            async with DisconnectGuard(receive) as guard:
-                await self._relay(ex, call, outbound, send)
+            async with DisconnectGuard(inbound.receive) as guard:
+                await self._relay(ex, call, outbound, inbound.send)
             if guard.disconnected:
                 ex.outcome = Outcome.CLIENT_DISCONNECTED
                 ex.status = ex.status or 499
@@ -80,10 +77,10 @@ class Proxy:
                 finish(ex)
 
     async def _outbound(
-        self, ex: Exchange, policies: PolicySet, tenant: TenantPolicy, route: RouteSpec,
-        scope: Scope, receive: Receive, finishes: list[Finish],
+        self, ex: Exchange, admitted: Admitted, inbound: Inbound, finishes: list[Finish]
     ) -> tuple[Call, Outbound]:
-        body = await self._body(scope, receive, route, policies)
+        policies, tenant, route, scope = admitted.policies, admitted.tenant, admitted.route, inbound.scope
+        body = await self._body(scope, inbound.receive, route, policies)
         prepared = self._prepare(body, route, tenant, scope)
         ex.model = prepared.model if prepared is not None else None
         ex.dropped_fields = prepared.dropped_fields if prepared is not None else ()
@@ -136,9 +133,7 @@ class Proxy:
         ex.sent_at = time.perf_counter()
         ex.overhead_s = ex.sent_at - ex.started
         with upstream_errors(ex.pool):
-            ex.upstream, response = await open_first_reachable(
-                self.session, self.health, outbound.candidates, outbound.method, outbound.target, outbound.headers,
-                outbound.body)
+            ex.upstream, response = await open_first_reachable(self.session, self.health, outbound)
         try:
             await self._relay_response(ex, call, response, send)
         except BaseException:
@@ -182,9 +177,7 @@ class Proxy:
             ex.overhead_s = ex.sent_at - ex.started
         try:
             with upstream_errors(ex.pool):
-                ex.upstream, response = await open_first_reachable(
-                    self.session, self.health, outbound.candidates, outbound.method, outbound.target,
-                    outbound.headers, outbound.body)
+                ex.upstream, response = await open_first_reachable(self.session, self.health, outbound)
         except GatewayError as error:
             return Failure(_cause(error), error=error)
         try:

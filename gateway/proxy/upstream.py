@@ -13,6 +13,7 @@ import aiohttp
 
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.proxy.balance import UpstreamHealth
+from gateway.proxy.features import Outbound
 
 # Inbound headers that may travel upstream; everything else (keys, hop-by-hop headers, vLLM steering
 # headers such as X-data-parallel-rank, X-Vllm-Priority, X-Session-ID) is dropped.
@@ -53,10 +54,11 @@ async def open_upstream(
 
 
 async def open_first_reachable(
-    session: aiohttp.ClientSession, health: UpstreamHealth, candidates: list[str], method: str, target: str,
-    headers: dict[str, str], body: bytes | None,
+    session: aiohttp.ClientSession, health: UpstreamHealth, outbound: Outbound
 ) -> tuple[str, aiohttp.ClientResponse]:
     """Open the request on the first candidate that accepts a connection (nothing was sent to the others)."""
+    candidates, method, target = outbound.candidates, outbound.method, outbound.target
+    headers, body = outbound.headers, outbound.body
     for upstream in candidates[:-1]:
         try:
             return upstream, await open_upstream(session, method, upstream + target, headers, body)

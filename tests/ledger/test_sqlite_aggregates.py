@@ -14,6 +14,7 @@ from gateway.ledger.records import (
     BatchOps,
     ClearOp,
     CloseOp,
+    CloseReason,
     Op,
     OpenOp,
     SilenceOp,
@@ -43,7 +44,7 @@ def _batches() -> list[BatchOps]:
     closes: list[Op] = [CloseOp("GPU" if index % 3 else "CPU", index, 1000.0 + 7.25 * index + 3.5 * (index % 40))
               for index in range(0, 60, 2)]
     return [BatchOps("p/0", 0, 1.0, "v", opens), BatchOps("p/0", 1, 2.0, "v", closes),
-            BatchOps("p/0", CONTROL_SEQ, 3.0, "v", [ClearOp(("CPU",), 1300.0, 5000.0, "reset")]),
+            BatchOps("p/0", CONTROL_SEQ, 3.0, "v", [ClearOp(("CPU",), 1300.0, 5000.0, CloseReason.RESET)]),
             BatchOps("p/0", CONTROL_SEQ, 4.0, "v", [SilenceOp(9000.0)]),
             BatchOps("p/0", 2, 5.0, "v", [OpenOp("GPU", 999, None, "acme", 2, 9500.0)]),
             # Block 1 is still open: a second open of it (another replica's view) must not count twice.

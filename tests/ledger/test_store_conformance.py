@@ -12,6 +12,7 @@ from gateway.ledger.records import (
     BatchOps,
     ClearOp,
     CloseOp,
+    CloseReason,
     CopiesOp,
     GapRecord,
     OpenOp,
@@ -141,9 +142,9 @@ def test_hashes_round_trip(backend: Backend) -> None:
 def test_clear_respects_media_and_the_new_process_boundary(backend: Backend) -> None:
     async def body(store: LedgerStore) -> None:
         await store.apply([_batch(0, 10.0, _open_op(1), _open_op(2, medium="CPU"), _open_op(3, at=20.0))])
-        await store.apply([_batch(1, 21.0, ClearOp(("GPU",), None, 21.0, "cleared"), _open_op(4, at=21.0))])
+        await store.apply([_batch(1, 21.0, ClearOp(("GPU",), None, 21.0, CloseReason.CLEARED), _open_op(4, at=21.0))])
         assert {b.block_hash for b in await store.open_blocks()} == {2, 4}
-        restart = ClearOp(None, 21.0, 30.0, "restart")  # blocks stored at 21.0 belong to the new process
+        restart = ClearOp(None, 21.0, 30.0, CloseReason.RESTART)  # blocks stored at 21.0 belong to the new process
         await store.apply([_batch(-1, 21.0, restart)])
         await store.apply([_batch(-1, 21.0, restart)])  # a second replica learning the same restart
         assert {b.block_hash for b in await store.open_blocks()} == {4}

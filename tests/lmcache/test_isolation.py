@@ -100,9 +100,16 @@ def test_without_the_tag_the_salt_ignoring_tier_serves_one_tenant_from_another(s
     assert not stack.sim_request(first_id)["kv_transfer_params"]
 
 
+def canary_count(metrics: str, pool: str, result: str) -> float:
+    """The counter's value in a /metrics page (tests in this module share one gateway, in any order)."""
+    prefix = f'kvgate_isolation_canary_total{{pool="{pool}",result="{result}"}} '
+    return next(float(line[len(prefix):]) for line in metrics.splitlines() if line.startswith(prefix))
+
+
 def test_the_canary_passes_with_the_tag_and_fails_without_it(stack: Stack) -> None:
     headers = bearer(stack.key("root"))
     with httpx.Client(base_url=stack.url, headers=headers, timeout=60) as client:
+        before = client.get("/metrics").text
         tagged = client.post("/admin/canary", params={"pool": "lm"}).json()["outcomes"]
         untagged = client.post("/admin/canary", params={"pool": "plain"}).json()["outcomes"]
         metrics = client.get("/metrics").text
@@ -110,8 +117,8 @@ def test_the_canary_passes_with_the_tag_and_fails_without_it(stack: Stack) -> No
     assert [(o["result"], o["cached_tokens_b"], o["external_hits_delta_b"]) for o in tagged] == [("pass", 0, 0.0)]
     assert [o["result"] for o in untagged] == ["fail"]
     assert untagged[0]["cached_tokens_b"] > 0 and untagged[0]["external_hits_delta_b"] > 0
-    assert 'kvgate_isolation_canary_total{pool="plain",result="fail"} 1.0' in metrics
-    assert 'kvgate_isolation_canary_total{pool="lm",result="pass"} 1.0' in metrics
+    assert canary_count(metrics, "plain", "fail") == canary_count(before, "plain", "fail") + 1
+    assert canary_count(metrics, "lm", "pass") == canary_count(before, "lm", "pass") + 1
     assert audit["isolation_canary"]["plain"]["latest"][0]["result"] == "fail"
     canary_salts = {stack.sim_requests()[-1].get("cache_salt"), stack.sim_requests()[-2].get("cache_salt")}
     tenant_salts = {expected_salt(stack.secret, tenant) for tenant in stack.policy.tenants}
@@ -172,11 +179,12 @@ def test_a_shadow_copy_to_an_lmcache_pool_carries_the_tag_and_the_primary_does_n
 
 def test_a_canary_that_cannot_reach_its_upstream_is_an_error_not_a_pass(stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, headers=bearer(stack.key("root")), timeout=60) as client:
+        before = client.get("/metrics").text
         (outcome,) = client.post("/admin/canary", params={"pool": "down"}).json()["outcomes"]
         metrics = client.get("/metrics").text
         missing = client.post("/admin/canary", params={"pool": "nope"})
     assert (outcome["result"], outcome["cached_tokens_b"]) == ("error", None)
     assert "ClientConnector" in outcome["detail"]
-    assert 'kvgate_isolation_canary_total{pool="down",result="error"} 1.0' in metrics
-    assert 'kvgate_isolation_canary_total{pool="down",result="pass"} 0.0' in metrics
+    assert canary_count(metrics, "down", "error") == canary_count(before, "down", "error") + 1
+    assert canary_count(metrics, "down", "pass") == canary_count(before, "down", "pass") == 0.0
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "pool"

@@ -20,6 +20,7 @@ from gateway.ledger.records import (
     ClearOp,
     Closed,
     CloseOp,
+    CloseReason,
     CopiesOp,
     OpenBlock,
     OpenOp,
@@ -245,7 +246,7 @@ def test_clearing_the_gpu_cache_closes_gpu_blocks_only() -> None:
     state = LedgerState(index())
     state.apply("s", 0, batch(1.0, stored([1], ACME_2), stored([2], ACME_2, medium="CPU")), "v")
     out = state.apply("s", 1, batch(4.0, AllBlocksCleared()), "v")
-    assert out.ops == [ClearOp(("GPU",), None, 4.0, "cleared")]
+    assert out.ops == [ClearOp(("GPU",), None, 4.0, CloseReason.CLEARED)]
     assert out.closed == [Closed("acme", "GPU", 3.0, False)]
     assert set(state.resident("s")) == {("CPU", 2)}
     assert state.resident_counts == Counter({("acme", "GPU"): 0, ("acme", "CPU"): 1})
@@ -256,9 +257,9 @@ def test_a_source_end_closes_only_blocks_stored_before_the_boundary() -> None:
     state.apply("s", 0, batch(10.0, stored([1], ACME_2)), "v")
     state.apply("s", 1, batch(20.0, stored([2], ACME_2, medium="CPU")), "v")
     state.apply("s", 2, batch(30.0, stored([3], ACME_2)), "v")
-    out = state.close_source("s", SourceEnd("restart", 25.0, 30.0, 40.0), "v2")
+    out = state.close_source("s", SourceEnd(CloseReason.RESTART, 25.0, 30.0, 40.0), "v2")
     assert (out.source, out.seq, out.ts, out.policy_version) == ("s", CONTROL_SEQ, 25.0, "v2")
-    assert out.ops == [ClearOp(None, 30.0, 40.0, "restart")]
+    assert out.ops == [ClearOp(None, 30.0, 40.0, CloseReason.RESTART)]
     assert sorted(out.closed) == [Closed("acme", "CPU", 20.0, False), Closed("acme", "GPU", 30.0, False)]
     assert set(state.resident("s")) == {("GPU", 3)}
 
@@ -266,10 +267,10 @@ def test_a_source_end_closes_only_blocks_stored_before_the_boundary() -> None:
 def test_a_lost_source_closes_everything() -> None:
     state = LedgerState(index())
     state.apply("s", 0, batch(10.0, stored([1], ACME_2)), "v")
-    out = state.close_source("s", SourceEnd("lost", 12.0, None, 50.0), "v")
-    assert out.ops == [ClearOp(None, None, 50.0, "lost")]
+    out = state.close_source("s", SourceEnd(CloseReason.LOST, 12.0, None, 50.0), "v")
+    assert out.ops == [ClearOp(None, None, 50.0, CloseReason.LOST)]
     assert out.closed == [Closed("acme", "GPU", 40.0, False)]
-    assert state.close_source("never-seen", SourceEnd("lost", 1.0, None, 2.0), "v").closed == []
+    assert state.close_source("never-seen", SourceEnd(CloseReason.LOST, 1.0, None, 2.0), "v").closed == []
 
 
 def test_sources_are_separate() -> None:

@@ -32,14 +32,6 @@ def tenant_trace_key(secret: bytes, tenant: str) -> bytes:
 
 
 @dataclass(frozen=True)
-class PromptShape:
-    """What the fingerprints were computed from, without the content."""
-
-    tokens: bool  # token ids (exact block chunks) rather than rendered text
-    units: int  # tokens for token prompts, characters for text prompts
-
-
-@dataclass(frozen=True)
 class PromptParts:
     """A prompt without copying it: the request's own token-id list, or the pieces of the canonical string."""
 

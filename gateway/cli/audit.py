@@ -152,8 +152,8 @@ def _table(report: dict[str, Any], rows: list[tuple[Any, ...]]) -> str:
               f"{gap['lost']} silences, {gap['resets']} operator resets, clock offset "
               f"{_offset(gap['clock_offset_s'])}" for gap in report["gaps"]]
     lines += [f"{tenant} {medium} epoch {epoch}: drain not proven: {'; '.join(view['drain']['reasons'])}"
-              for tenant, media in report["tenants"].items() for medium, medium_view in media.items()
-              for epoch, view in medium_view["epochs"].items()
+              for tenant, media in report["tenants"].items() if "not_auditable" not in media
+              for medium, medium_view in media.items() for epoch, view in medium_view["epochs"].items()
               if view["drain"]["reasons"] and (view["resident"] == 0 or view["unknown"])]
     lines += [f"{tenant}: no longer in the policy set; judged against policy version {version}"
               for tenant, version in report.get("judged_against_last_policy", {}).items()]

@@ -10,6 +10,7 @@ foresaw), it is logged, counted and started again after a pause.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import math
 import time
@@ -46,6 +47,9 @@ log = get_logger(__name__)
 RESUBSCRIBE_DELAY_S = 1.0
 RESTART_DELAY_S = 1.0  # before a ledger task that ended is started again
 CLOCK_SAMPLES = 256  # receive-time samples per source for the clock-offset estimate
+
+
+CLOSE_FLUSH_S = 15.0  # the last flush at shutdown, and closing the store, each wait at most this long
 
 
 class LedgerUnavailable(GatewayError):
@@ -130,9 +134,17 @@ class LedgerService:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._subscribers.clear()
-        if not await self.writer.flush():
+        # A store that hangs (a write stuck behind a dead connection) must not hold shutdown forever: what is
+        # not written by then is logged, as any unwritten batch is.
+        written = False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLOSE_FLUSH_S):
+                written = await self.writer.flush()
+        if not written:
             log.warning("ledger_closed_with_unwritten_batches", ops=self.writer.pending_ops)
-        await self.store.close()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLOSE_FLUSH_S):
+                await self.store.close()
         self._zmq.term()
 
     def _keep_running(self, name: str, work: Callable[[], Coroutine[Any, Any, None]]) -> asyncio.Task[Any]:

@@ -39,6 +39,19 @@ class TaskSupervisor:
 
     async def close(self) -> None:
         """Cancel every task and wait until all have ended."""
-        for task in list(self._tasks):
-            task.cancel()
+        await cancel_and_wait(list(self._tasks))
         await self.drain()
+
+
+# A library may swallow a cancellation (redis-py does when it is cancelled mid-command, to keep its connection
+# usable) and the task then carries on; so cancellation is repeated until the task really ends.
+CANCEL_ROUND_S = 0.5
+
+
+async def cancel_and_wait(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel `tasks`, again every CANCEL_ROUND_S while any is still running, until all have ended."""
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _done, pending = await asyncio.wait(pending, timeout=CANCEL_ROUND_S)

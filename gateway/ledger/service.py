@@ -41,7 +41,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicySet
 from gateway.policy.reloader import PolicyHolder
 from gateway.settings import Settings
-from gateway.tasks import TaskSupervisor
+from gateway.tasks import TaskSupervisor, cancel_and_wait
 
 log = get_logger(__name__)
 RESUBSCRIBE_DELAY_S = 1.0
@@ -129,10 +129,7 @@ class LedgerService:
     async def close(self) -> None:
         if self._on_policies in self.holder.listeners:
             self.holder.listeners.remove(self._on_policies)
-        tasks = self._own + [task for _spec, task in self._subscribers.values()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(self._own + [task for _spec, task in self._subscribers.values()])
         self._subscribers.clear()
         # A store that hangs (a write stuck behind a dead connection) must not hold shutdown forever: what is
         # not written by then is logged, as any unwritten batch is.

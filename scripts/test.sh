@@ -26,10 +26,11 @@ fi
 .venv/bin/mypy
 # --- coverage floor (issue 17; keep this block separate) ---------------------------------------------------
 # Line coverage of gateway/, the servers the tests start included ([tool.coverage.run] patch = subprocess).
-# Measured on 2026-12-01 (main at b49de36 merged) over the unit and gateway tiers alone, in random order
-# (493 tests): 66.08 % of 10,656 statements, so the floor for the whole suite is 66. The other tiers only add to
-# it. A run narrowed by arguments (`bash scripts/test.sh tests/unit`) skips the floor.
-COVERAGE_FLOOR=66
+# Measured on 2026-12-01 over the whole suite from a clean clone (1,004 tests, `bash .ci/run`): 92.38 % of 12,492
+# statements. The floor is 91: one point below, for run-to-run variation in what the subprocess servers reach.
+# Raise it as coverage rises; never lower it. A run narrowed by arguments (`bash scripts/test.sh tests/unit`)
+# skips the floor.
+COVERAGE_FLOOR=91
 coverage_args=()
 if [ "$#" -eq 0 ]; then
   coverage_args=(--cov=gateway --cov-report=term:skip-covered --cov-fail-under="$COVERAGE_FLOOR")

@@ -6,11 +6,11 @@ changes what a test runs against."""
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from gateway.devtools import localproc
 from gateway.devtools.localproc import ServerProcess, free_port, free_port_pair, kvgate_command, wait_until_ready
 
 __all__ = ["ServerProcess", "clean_environment", "free_port", "free_port_pair", "kvgate_command", "run_server",
@@ -34,11 +34,5 @@ def run_server(
     ready_path: str = "/livez",
 ) -> Iterator[ServerProcess]:
     """Run `argv` (which must listen on `port`) with `clean_environment(env)` until the block exits."""
-    with log_path.open("wb") as log:
-        popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=clean_environment(env))
-    server = ServerProcess(popen=popen, port=port, log_path=log_path)
-    try:
-        wait_until_ready(popen, f"{server.url}{ready_path}", log_path)
+    with localproc.run_server(argv, port, log_path, clean_environment(env), ready_path, inherit=False) as server:
         yield server
-    finally:
-        server.stop()

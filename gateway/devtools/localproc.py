@@ -103,9 +103,11 @@ def run_server(
     log_path: Path,
     env: dict[str, str] | None = None,
     ready_path: str = "/livez",
+    inherit: bool = True,
 ) -> Iterator[ServerProcess]:
-    """Run `argv` (which must listen on `port`) until the block exits."""
-    full_env = {**os.environ, **(env or {})}
+    """Run `argv` (which must listen on `port`) until the block exits; its environment is the caller's plus `env`,
+    or exactly `env` when `inherit` is False."""
+    full_env = {**os.environ, **(env or {})} if inherit else dict(env or {})
     with log_path.open("wb") as log:
         popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     server = ServerProcess(popen=popen, port=port, log_path=log_path)

@@ -92,14 +92,19 @@ class LedgerService:
     @classmethod
     async def open(
         cls, settings: Settings, metrics: GatewayMetrics, holder: PolicyHolder, tasks: TaskSupervisor,
-        config: LedgerSettings | None = None,
+        config: LedgerSettings | None = None, ingest: bool = True,
     ) -> LedgerService:
+        """With `ingest` False (the workers of `serve --workers N` other than the first) the service subscribes
+        to no KV-event source and runs no periodic pass: it only records the user salts its requests issue."""
         config = config or LedgerSettings()
         store = await open_store(settings, config.redis_prefix, config.sqlite_busy_timeout_ms)
         secret = settings.salt_secret.get_secret_value().encode() if settings.salt_secret else None
         if secret is None:
             log.warning("ledger_without_salt_secret", effect="every block is reported unattributed")
         service = cls(store, config, metrics, holder, tasks, secret)
+        if not ingest:
+            service._start_recording_salts()
+            return service
         await service._resume()
         service._start()
         return service
@@ -126,7 +131,18 @@ class LedgerService:
         self._remember_tenant_epochs(self.holder.current)
         self.holder.listeners.append(self._on_policies)
 
+    def _start_recording_salts(self) -> None:
+        self._own.append(self._keep_running("ledger-writer", lambda: self.writer.run(self.config.flush_interval_s)))
+        self._remember_tenant_epochs(self.holder.current)
+        self.holder.listeners.append(self._on_salt_policies)
+
+    def _on_salt_policies(self, policies: PolicySet) -> None:
+        self.salts = SaltIndex.build(policies, self.secret, self.salts.remembered)
+        self._remember_tenant_epochs(policies)
+
     async def close(self) -> None:
+        if self._on_salt_policies in self.holder.listeners:
+            self.holder.listeners.remove(self._on_salt_policies)
         if self._on_policies in self.holder.listeners:
             self.holder.listeners.remove(self._on_policies)
         await cancel_and_wait(self._own + [task for _spec, task in self._subscribers.values()])

@@ -66,6 +66,7 @@ class Config:
     ttft_ms: float
     log_level: str
     out: Path
+    listen: str = "shared"  # KVGATE_WORKERS_LISTEN
     shared_cores: bool = False  # small boxes only: the parts may share cores (the figures then say so)
 
 
@@ -95,6 +96,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--ttft-ms", type=float, default=5.0)
     parser.add_argument("--log-level", default="info", help="the gateway's (info: the per-request log line is on)")
     parser.add_argument("--out", type=Path, required=True, help="directory for report.json and report.md")
+    parser.add_argument("--listen", choices=["shared", "reuseport"], default="shared",
+                        help="KVGATE_WORKERS_LISTEN: one shared listening socket, or SO_REUSEPORT sockets")
     parser.add_argument("--allow-shared-cores", action="store_true",
                         help="let the core sets overlap (a smoke run on a small box; not a measurement)")
     args = parser.parse_args(argv)
@@ -102,7 +105,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     return Config(sorted({int(n) for n in args.workers.split(",")}), parse_cores(args.gateway_cores),
                   parse_cores(args.upstream_cores), client_cores, args.clients or len(client_cores),
                   args.streams_per_worker, args.warmup_s, args.duration_s, args.rounds, args.tokens, args.token_ms,
-                  args.ttft_ms, args.log_level, args.out, args.allow_shared_cores)
+                  args.ttft_ms, args.log_level, args.out, args.listen, args.allow_shared_cores)
 
 
 def check_cores(config: Config) -> None:
@@ -161,7 +164,8 @@ def gateway(config: Config, work: Path, workers: int, upstream_urls: list[str]) 
     key = write_policies(run_dir / "policies", upstream_urls)
     port = free_port()
     env = {"KVGATE_SALT_SECRET": "bench-" + secrets.token_hex(16), "KVGATE_LOG_LEVEL": config.log_level,
-           "KVGATE_STATE_PATH": str(run_dir / "state.sqlite3"), "KVGATE_WORKERS": str(workers)}
+           "KVGATE_STATE_PATH": str(run_dir / "state.sqlite3"), "KVGATE_WORKERS": str(workers),
+           "KVGATE_WORKERS_LISTEN": config.listen}
     argv = kvgate_command("serve", "--policies", str(run_dir / "policies"), "--port", str(port))
     with run_server(argv, port, run_dir / "gateway.log", env=env) as server:
         wait_for_workers(server, workers)
@@ -356,7 +360,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"{config['upstream_cores']}, client cores {config['client_cores']} ({config['clients']} generator "
         f"processes); {config['streams_per_worker']} streams per worker; streamed chat, {config['tokens']} tokens, "
         f"TTFT {config['ttft_ms']} ms, {config['token_ms']} ms apart; {config['warmup_s']} s warm-up, "
-        f"{config['duration_s']} s window, {config['rounds']} round(s) (median).", "", *lines, "",
+        f"{config['duration_s']} s window, {config['rounds']} round(s) (median); listening: {config['listen']}.",
+        "", *lines, "",
         *(["Warnings:", *warnings] if warnings else ["No part other than the gateway ran out of CPU."]),
         *(["", "**The core sets overlapped (--allow-shared-cores): a smoke run, not a measurement.**"]
           if config["shared_cores"] else []), ""])

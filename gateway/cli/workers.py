@@ -1,11 +1,14 @@
 """`kvgate serve --workers N`: a supervising parent and N worker processes serving one port.
 
 The parent binds the listening socket once and hands the same socket to every worker (each runs its own
-uvicorn server and event loop on it), rather than each worker binding its own with SO_REUSEPORT: the port is
-bound (and `--port 0` resolved) before any worker starts, a worker that dies leaves no accept queue behind
-(with SO_REUSEPORT the connections waiting in a dead worker's queue are reset), the replacement inherits the
-very socket, and no other process of the same user can join the port. The kernel wakes idle workers for each
-new connection, so a busy worker takes fewer.
+uvicorn server and event loop on it): the port is bound (and `--port 0` resolved) before any worker starts,
+while a worker is down or busy the others take every new connection (the kernel wakes idle workers, and the
+first to accept wins), the replacement inherits the very socket, and no other process can join the port.
+Its weakness is balance: which worker wins is a race, so a burst of long-lived keep-alive connections can land
+unevenly. `KVGATE_WORKERS_LISTEN=reuseport` instead binds one SO_REUSEPORT socket per worker (still in the
+parent, which keeps them open): the kernel spreads connections by a hash of their addresses, evenly on
+average, but blindly, and the connections hashed to a worker that is down wait in its queue until its
+replacement starts.
 
 The parent also
 - gives worker 0 a private Unix socket too (gateway/http/workers.py: the ingesting worker);
@@ -81,11 +84,19 @@ class Signals:
         return taken
 
 
-def bind_listener(host: str, port: int) -> socket.socket:
+def bind_listeners(host: str, port: int, workers: int, reuse_port: bool) -> list[socket.socket]:
+    """One listening socket per worker: the same one for all, or (reuse_port) one each on the same port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
-    listener.set_inheritable(True)
-    return listener
+    first = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG, reuse_port=reuse_port)
+    first.set_inheritable(True)
+    if not reuse_port:
+        return [first] * workers
+    bound = first.getsockname()[1]  # `--port 0`: the port the first socket got
+    others = [socket.create_server((host, bound), family=family, backlog=LISTEN_BACKLOG, reuse_port=True)
+              for _ in range(workers - 1)]
+    for other in others:
+        other.set_inheritable(True)
+    return [first, *others]
 
 
 def bind_ingester_socket(path: Path) -> socket.socket:
@@ -104,7 +115,9 @@ class Supervisor:
         self.metrics_dir = runtime_dir / "metrics"
         self.metrics_dir.mkdir()
         self.ingester_path = runtime_dir / "ingester.sock"
-        self.listener = bind_listener(settings.host, settings.port)
+        self.listeners = bind_listeners(settings.host, settings.port, settings.workers,
+                                        settings.workers_listen == "reuseport")
+        self.port: int = self.listeners[0].getsockname()[1]
         self.ingester = bind_ingester_socket(self.ingester_path)
         self.slots = [WorkerSlot(index) for index in range(settings.workers)]
         self.signals = Signals()
@@ -116,7 +129,7 @@ class Supervisor:
 
     def worker_argv(self, slot: WorkerSlot, ready_write: int) -> list[str]:
         argv = [sys.executable, "-m", "gateway.cli.workers", "--index", str(slot.index),
-                "--count", str(len(self.slots)), "--listen-fd", str(self.listener.fileno()),
+                "--count", str(len(self.slots)), "--listen-fd", str(self.listeners[slot.index].fileno()),
                 "--ready-fd", str(ready_write), "--ingester-socket", str(self.ingester_path),
                 "--metrics-dir", str(self.metrics_dir), "--overrides", json.dumps(self.overrides, default=str)]
         if slot.index == 0:
@@ -127,7 +140,7 @@ class Supervisor:
 
     def spawn(self, slot: WorkerSlot) -> None:
         ready_read, ready_write = os.pipe()
-        fds = [self.listener.fileno(), ready_write] + ([self.ingester.fileno()] if slot.index == 0 else [])
+        fds = [self.listeners[slot.index].fileno(), ready_write] + ([self.ingester.fileno()] if slot.index == 0 else [])
         env = {**os.environ, METRICS_ENV: str(self.metrics_dir)}
         slot.popen = subprocess.Popen(self.worker_argv(slot, ready_write), pass_fds=fds, env=env)
         os.close(ready_write)
@@ -142,8 +155,8 @@ class Supervisor:
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_write, False)
         signal.set_wakeup_fd(wake_write)
-        log.info("workers_starting", workers=len(self.slots), host=self.settings.host,
-                 port=self.listener.getsockname()[1])
+        log.info("workers_starting", workers=len(self.slots), host=self.settings.host, port=self.port,
+                 listen=self.settings.workers_listen)
         for slot in self.slots:
             self.spawn(slot)
         try:
@@ -187,7 +200,7 @@ class Supervisor:
             log.info("worker_ready", worker=slot.index, pid=slot.popen.pid if slot.popen else None)
             if not self.all_ready_once and all(slot.ready for slot in self.slots):
                 self.all_ready_once = True
-                log.info("workers_ready", workers=len(self.slots), port=self.listener.getsockname()[1])
+                log.info("workers_ready", workers=len(self.slots), port=self.port)
 
     def _on_signal(self, signum: int) -> None:
         if signum == signal.SIGHUP and not self.stopping:
@@ -266,7 +279,8 @@ class Supervisor:
                 self._forget(slot, code)
 
     def close(self) -> None:
-        self.listener.close()
+        for listener in set(self.listeners):
+            listener.close()
         self.ingester.close()
 
 

@@ -105,9 +105,11 @@ def policy(sim: ServerProcess, tmp_path: Path) -> PolicyDir:
     return written
 
 
-def test_requests_spread_over_workers_and_one_scrape_sums_them(policy: PolicyDir, tmp_path: Path) -> None:
+@pytest.mark.parametrize("listen", ["shared", "reuseport"])
+def test_requests_spread_over_workers_and_one_scrape_sums_them(policy: PolicyDir, tmp_path: Path, listen: str) -> None:
     """Wrong version: each worker exposes only its own registry, so a scrape shows one worker's share."""
-    with run_workers(policy.root, tmp_path / "gateway.log", gateway_env(tmp_path)) as gateway:
+    env = gateway_env(tmp_path, KVGATE_WORKERS_LISTEN=listen)
+    with run_workers(policy.root, tmp_path / "gateway.log", env) as gateway:
         served: dict[int, int] = {}
 
         def both_served() -> bool:

@@ -102,6 +102,9 @@ class GatewayMetrics:
             "kvgate_workers", "Worker processes serving now (1 without `--workers`).", registry=registry,
             multiprocess_mode="livesum")
         self.workers_live.set(1)
+        self.salt_announcements_failed = Counter(
+            "kvgate_worker_salt_announcements_failed", "User-salt digests a worker could not pass straight to the "
+            "ingesting worker (its blocks may be unattributed until the store's copy is read).", registry=registry)
 
     def _request_metrics(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(

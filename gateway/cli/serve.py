@@ -87,7 +87,8 @@ def serve_on_sockets(overrides: dict[str, Any], worker: WorkerArgs, sockets: lis
     settings = Settings(**overrides)
     configure_logging(settings.log_format, settings.log_level)
     structlog.contextvars.bind_contextvars(worker=worker.index)  # every log line says which worker wrote it
-    role = WorkerRole(worker.index, worker.count, worker.ingester_socket, worker.replaced)
+    role = WorkerRole(worker.index, worker.count, worker.ingester_socket, worker.salt_socket, worker.replaced,
+                      worker.salt_inbox_fd)
     app = GatewayApp(settings, role=role, metrics_dir=worker.metrics_dir)
     server = WorkerServer(serving_config(app, settings), worker.ready_fd, worker.parent_pid)
     server.run(sockets=sockets)

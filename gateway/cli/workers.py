@@ -99,6 +99,13 @@ def bind_listeners(host: str, port: int, workers: int, reuse_port: bool) -> list
     return [first, *others]
 
 
+def bind_salt_socket(path: Path) -> socket.socket:
+    inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    inbox.bind(str(path))
+    inbox.set_inheritable(True)
+    return inbox
+
+
 def bind_ingester_socket(path: Path) -> socket.socket:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
@@ -119,6 +126,8 @@ class Supervisor:
                                         settings.workers_listen == "reuseport")
         self.port: int = self.listeners[0].getsockname()[1]
         self.ingester = bind_ingester_socket(self.ingester_path)
+        self.salt_path = runtime_dir / "salts.sock"
+        self.salt_inbox = bind_salt_socket(self.salt_path)
         self.slots = [WorkerSlot(index) for index in range(settings.workers)]
         self.signals = Signals()
         self.stopping = False
@@ -131,16 +140,19 @@ class Supervisor:
         argv = [sys.executable, "-m", "gateway.cli.workers", "--index", str(slot.index),
                 "--count", str(len(self.slots)), "--listen-fd", str(self.listeners[slot.index].fileno()),
                 "--ready-fd", str(ready_write), "--ingester-socket", str(self.ingester_path),
-                "--metrics-dir", str(self.metrics_dir), "--overrides", json.dumps(self.overrides, default=str)]
+                "--salt-socket", str(self.salt_path), "--metrics-dir", str(self.metrics_dir),
+                "--overrides", json.dumps(self.overrides, default=str)]
         if slot.index == 0:
-            argv += ["--ingester-fd", str(self.ingester.fileno())]
+            argv += ["--ingester-fd", str(self.ingester.fileno()), "--salt-inbox-fd", str(self.salt_inbox.fileno())]
         if slot.restarts:
             argv.append("--replaced")
         return argv
 
     def spawn(self, slot: WorkerSlot) -> None:
         ready_read, ready_write = os.pipe()
-        fds = [self.listeners[slot.index].fileno(), ready_write] + ([self.ingester.fileno()] if slot.index == 0 else [])
+        fds = [self.listeners[slot.index].fileno(), ready_write]
+        if slot.index == 0:
+            fds += [self.ingester.fileno(), self.salt_inbox.fileno()]
         env = {**os.environ, METRICS_ENV: str(self.metrics_dir)}
         slot.popen = subprocess.Popen(self.worker_argv(slot, ready_write), pass_fds=fds, env=env)
         os.close(ready_write)
@@ -282,6 +294,7 @@ class Supervisor:
         for listener in set(self.listeners):
             listener.close()
         self.ingester.close()
+        self.salt_inbox.close()
 
 
 def supervise(settings: Settings, overrides: dict[str, Any]) -> int:
@@ -313,8 +326,8 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     if args.ingester_fd is not None:
         sockets.append(socket.socket(fileno=args.ingester_fd))
     return serve_on_sockets(json.loads(args.overrides), WorkerArgs(
-        args.index, args.count, Path(args.ingester_socket), Path(args.metrics_dir), args.replaced, args.ready_fd,
-        os.getppid()), sockets)
+        args.index, args.count, Path(args.ingester_socket), Path(args.salt_socket), args.salt_inbox_fd,
+        Path(args.metrics_dir), args.replaced, args.ready_fd, os.getppid()), sockets)
 
 
 @dataclass(frozen=True)
@@ -322,6 +335,8 @@ class WorkerArgs:
     index: int
     count: int
     ingester_socket: Path
+    salt_socket: Path
+    salt_inbox_fd: int | None
     metrics_dir: Path
     replaced: bool
     ready_fd: int
@@ -336,6 +351,8 @@ def _worker_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ready-fd", type=int, required=True)
     parser.add_argument("--ingester-socket", required=True)
     parser.add_argument("--ingester-fd", type=int)
+    parser.add_argument("--salt-socket", required=True)
+    parser.add_argument("--salt-inbox-fd", type=int)
     parser.add_argument("--metrics-dir", required=True)
     parser.add_argument("--overrides", required=True)
     parser.add_argument("--replaced", action="store_true")

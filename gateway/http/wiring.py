@@ -14,7 +14,7 @@ import aiohttp
 from gateway.canary.runner import CanaryRunner
 from gateway.epochs.floor import open_floor_store
 from gateway.epochs.guard import EpochFloorGuard
-from gateway.http.workers import IngesterClient, WorkerRole
+from gateway.http.workers import IngesterClient, SaltAnnouncer, SaltInbox, WorkerLedger, WorkerRole
 from gateway.ledger.feature import UserSaltFeature
 from gateway.ledger.service import LedgerService
 from gateway.limits.rate import open_rate_limiter
@@ -94,7 +94,7 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     session = new_session(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
     tasks = TaskSupervisor("gateway")
     tasks.spawn(holder.watch(settings.reload_interval_s), "policy-watch")
-    ledger = await LedgerService.open(settings, metrics, holder, tasks, ingest=ingests)
+    ledger = await _ledger(settings, metrics, holder, tasks, role)
     health = UpstreamHealth()
     shadow = _shadow_runner(settings, metrics, health, tasks, await open_shadow_store(storage))
     admission = Admission.on(storage, secret, settings.admission_sketch_width)
@@ -112,6 +112,20 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     ingester = None if ingests or role is None else IngesterClient(role.ingester_socket)
     return State(holder, metrics, session, proxy, features, tasks, shadow, ledger, storage, canary, limits, reuse,
                  floors, role=role, ingester=ingester)
+
+
+async def _ledger(settings: Settings, metrics: GatewayMetrics, holder: PolicyHolder, tasks: TaskSupervisor,
+                  role: WorkerRole | None) -> LedgerService:
+    if role is None:
+        return await LedgerService.open(settings, metrics, holder, tasks)
+    ledger = await WorkerLedger.open(settings, metrics, holder, tasks, ingest=role.ingests)
+    if not isinstance(ledger, WorkerLedger):  # `open` builds an instance of the class it is called on
+        raise TypeError(f"expected a WorkerLedger, got {type(ledger).__name__}")
+    if role.salt_inbox_fd is not None:
+        ledger.inbox = SaltInbox(role.salt_inbox_fd)
+    if not role.ingests:
+        ledger.announcer = SaltAnnouncer(role.salt_socket, metrics.salt_announcements_failed.inc)
+    return ledger
 
 
 def _canary(session: aiohttp.ClientSession, secret: bytes, metrics: GatewayMetrics, holder: PolicyHolder,

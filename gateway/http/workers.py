@@ -5,19 +5,32 @@ isolation canary's schedule, so each event source is read once per host. It also
 socket (in a directory only the gateway's user can enter); the other workers forward the admin routes whose
 answer lives in its memory (the audit with its unflushed batches and clock offsets, the canary with its
 summary) there, with the caller's own credentials, so every worker gives the ingesting worker's answer.
+
+User salts (`isolation: user`) are issued by whichever worker serves the request, but only worker 0 reads the
+KV events their blocks produce, usually within milliseconds. The store alone would tell it too late (the
+sibling's batch flush, then its own refresh), and those blocks would be `unattributed`. So a worker announces
+each salt digest it issues to worker 0 on a private datagram socket, before the request goes upstream (a
+non-blocking send into worker 0's queue), and worker 0 reads its queue before it applies each batch of events.
+If the send fails (worker 0 restarting with a full queue), it is counted and the store still carries the salt.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import msgspec
 
 from gateway.asgi.io import Scope
 from gateway.errors import GatewayError
+from gateway.kvevents.wire import EventBatch
+from gateway.ledger.records import SaltDigestEntry
+from gateway.ledger.service import LedgerService
 from gateway.log import get_logger
 from gateway.routes import Local
 
@@ -36,7 +49,9 @@ class WorkerRole:
     index: int
     count: int
     ingester_socket: Path  # worker 0 answers here too; the others forward INGESTER_ROUTES to it
+    salt_socket: Path  # worker 0's datagram queue of salt digests issued by the others
     replaced: bool = False  # started in place of a worker that exited
+    salt_inbox_fd: int | None = None  # worker 0: its end of that queue
 
     @property
     def ingests(self) -> bool:
@@ -82,3 +97,76 @@ class IngesterClient:
 
     async def close(self) -> None:
         await self._session.close()
+
+
+SaltMessage = tuple[str, int, bytes]
+MAX_DRAIN = 100_000  # datagrams read before one batch is applied (the socket's buffer holds far fewer)
+
+
+class SaltAnnouncer:
+    """A non-ingesting worker's side: one datagram per salt digest it issues."""
+
+    def __init__(self, path: Path, failed: Callable[[], None]) -> None:
+        self._path = str(path)
+        self._failed = failed
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._socket.setblocking(False)
+
+    def announce(self, entry: SaltDigestEntry) -> None:
+        try:
+            self._socket.sendto(msgspec.msgpack.encode((entry.tenant, entry.epoch, entry.digest)), self._path)
+        except OSError as error:  # queue full, or worker 0 not there: the store carries the salt, later
+            self._failed()
+            log.warning("salt_announcement_failed", error=type(error).__name__)
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+class SaltInbox:
+    """The ingesting worker's side: every digest queued so far, read without waiting."""
+
+    def __init__(self, fd: int) -> None:
+        self._socket = socket.socket(fileno=fd)
+        self._socket.setblocking(False)
+        self._decoder = msgspec.msgpack.Decoder(SaltMessage)
+
+    def drain(self) -> list[SaltDigestEntry]:
+        entries: list[SaltDigestEntry] = []
+        for _ in range(MAX_DRAIN):
+            try:
+                data = self._socket.recv(4096)
+            except BlockingIOError:
+                break
+            try:
+                tenant, epoch, digest = self._decoder.decode(data)
+            except msgspec.DecodeError:  # only sibling workers can reach this socket; never expected
+                log.warning("salt_announcement_undecodable", size=len(data))
+                continue
+            entries.append(SaltDigestEntry(tenant, epoch, digest))
+        return entries
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+class WorkerLedger(LedgerService):
+    """The ledger in a worker: announces the salts it issues (others), or learns them before each batch (0)."""
+
+    announcer: SaltAnnouncer | None = None
+    inbox: SaltInbox | None = None
+
+    def issued(self, entry: SaltDigestEntry) -> None:
+        if self.announcer is not None:
+            self.announcer.announce(entry)
+
+    async def deliver(self, source: str, seq: int, batch: EventBatch, received_at: float | None = None) -> None:
+        if self.inbox is not None:
+            self.learn_salts(self.inbox.drain())
+        await super().deliver(source, seq, batch, received_at)
+
+    async def close(self) -> None:
+        await super().close()
+        for end in (self.announcer, self.inbox):
+            if end is not None:
+                end.close()

@@ -33,7 +33,14 @@ from gateway.ledger.config import LedgerSettings, compaction_horizon
 from gateway.ledger.factory import open_store
 from gateway.ledger.lifecycle import LedgerState, SourceEnd
 from gateway.ledger.observe import LedgerMetrics
-from gateway.ledger.records import PRESUMED_RESTART, RESTART, BatchOps, GapRecord, TenantPolicyRecord
+from gateway.ledger.records import (
+    PRESUMED_RESTART,
+    RESTART,
+    BatchOps,
+    GapRecord,
+    SaltDigestEntry,
+    TenantPolicyRecord,
+)
 from gateway.ledger.salts import DigestLru, SaltIndex, tenant_salt_entry, user_salt_entry
 from gateway.ledger.writer import BatchWriter
 from gateway.log import get_logger
@@ -193,6 +200,18 @@ class LedgerService:
         self.salts.add_users([entry])
         self.writer.add_salts([entry])
         self.metrics.user_salts(self.salts.remembered)
+        self.issued(entry)
+
+    def issued(self, entry: SaltDigestEntry) -> None:
+        """A salt digest this process has just issued (before its request goes upstream); nothing more here.
+        Under `serve --workers N` the non-ingesting workers pass it to the ingesting one
+        (gateway/http/workers.py)."""
+
+    def learn_salts(self, entries: list[SaltDigestEntry]) -> None:
+        """Salt digests issued by a sibling worker, attributed from now on."""
+        if entries:
+            self.salts.add_users(entries)
+            self.metrics.user_salts(self.salts.remembered)
 
     def _remember_tenant_epochs(self, policies: PolicySet) -> None:
         """Every epoch in force is recorded (as a digest) so late events under it are still attributed, here

@@ -289,3 +289,46 @@ def test_kv_events_are_ingested_once_and_every_worker_gives_the_same_audit(
         samples = scrape(gateway, root)
         assert sample(samples, "kvgate_kv_blocks_stored_total", tenant="acme", medium="GPU") == 2 * BLOCKS_PER_PROMPT
         assert {record["worker"] for record in log_events(gateway, "kv_events_subscribed")} == {0}
+
+
+def test_user_salts_issued_by_any_worker_attribute_their_blocks(
+    sim_with_events: tuple[ServerProcess, int], tmp_path: Path
+) -> None:
+    """`isolation: user`: each new user's salt is issued by whichever worker serves the request, while only
+    worker 0 reads the KV events. Wrong version: worker 0 learns the salts of the others too late, and those
+    users' blocks are reported `unattributed`."""
+    sim, events = sim_with_events
+    pools = {"offload": {"upstreams": [sim.url], "api_key_env": UPSTREAM_KEY_ENV,
+                         "kv_events": [f"tcp://127.0.0.1:{events}"]}}
+    policy = PolicyDir(tmp_path / "policies", pools)
+    policy.add_tenant("gamma", cache={"isolation": "user"})
+    policy.add_tenant("root", scopes=("admin", "metrics"))
+    policy.write()
+    with run_workers(policy.root, tmp_path / "gateway.log", ledger_env(tmp_path)) as gateway:
+        wait_for(lambda: len(log_events(gateway, "kv_events_subscribed")) == 1, gateway, "a subscription")
+        sent = 0
+
+        def served_by_both() -> bool:
+            nonlocal sent
+            body = {"model": SIM_MODEL, "prompt": f"user {sent} document ".ljust(PROMPT_CHARS, "x"), "max_tokens": 1,
+                    "user": f"user-{sent}"}
+            reply = httpx.post(f"{gateway.url}/v1/completions", json=body, headers=bearer(policy.keys["gamma"]),
+                               timeout=DEADLINE_S)
+            assert reply.status_code == 200, reply.text
+            sent += 1
+            workers = {record.get("worker") for record in log_events(gateway, "request")
+                       if record.get("tenant") == "gamma"}
+            return workers >= {0, 1}
+
+        wait_for(served_by_both, gateway, "user requests served by both workers")
+
+        def report() -> dict[str, Any]:
+            reply = httpx.get(f"{gateway.url}/admin/audit", headers=bearer(policy.keys["root"]), timeout=DEADLINE_S)
+            result: dict[str, Any] = reply.json()
+            return result
+
+        expected = sent * BLOCKS_PER_PROMPT
+        wait_for(lambda: sum(counts(report(), tenant, "GPU")[0] for tenant in ("gamma", "unattributed"))
+                 == expected, gateway, "every block reported")
+        assert counts(report(), "unattributed", "GPU") == (0, 0, 0)
+        assert counts(report(), "gamma", "GPU")[0] == expected

@@ -259,6 +259,8 @@ class Measured:
     errors: int
     ttft_p50_ms: float
     gateway_cores_busy: float  # CPU seconds of parent and workers / window
+    gateway_cpu_ms_per_request: float  # the gateway's CPU per completed request: flat when it scales
+    foreign_busy: float  # cores' worth of the gateway's cores used by other processes in the window
     worker_busy: list[float]  # per worker
     upstream_busy: list[float]
     generator_busy: list[float]
@@ -285,9 +287,11 @@ def measure(config: Config, workers: int, upstream_list: list[ServerProcess], wo
         pids = worker_pids(server, workers)
         upstream_pids = [up.popen.pid for up in upstream_list]
         time.sleep(max(0.0, start_at + config.warmup_s - time.time()))  # to the window's start
+        cores_before = procstat.core_busy_s()
         first = (cpu_of(pids), cpu_of(upstream_pids), procstat.process_cpu_s(server.popen.pid), time.monotonic())
         time.sleep(config.duration_s)  # the window
         last = (cpu_of(pids), cpu_of(upstream_pids), procstat.process_cpu_s(server.popen.pid), time.monotonic())
+        cores_after = procstat.core_busy_s()
         results = [collect(generator) for generator in generators]
     window = last[3] - first[3]
     worker_busy = [(b - a) / window for a, b in zip(first[0], last[0], strict=True)]
@@ -301,9 +305,15 @@ def measure(config: Config, workers: int, upstream_list: list[ServerProcess], wo
     errors = sum(result.errors for result in results)
     if errors:
         warnings.append(f"{errors} requests failed")
-    return Measured(workers, sum(result.completed / result.window_s for result in results), errors,
-                    statistics.median(result.ttft_p50_ms for result in results), sum(worker_busy) + parent_busy,
-                    worker_busy, upstream_busy, generator_busy, warnings)
+    gateway_busy = sum(worker_busy) + parent_busy
+    cores_busy = sum(cores_after[core] - cores_before[core] for core in config.gateway_cores[:workers]) / window
+    foreign = max(0.0, cores_busy - gateway_busy)
+    if foreign > 0.1 * workers:
+        warnings.append(f"other processes used {foreign:.2f} cores of the gateway's cores")
+    rate = sum(result.completed / result.window_s for result in results)
+    return Measured(workers, rate, errors, statistics.median(result.ttft_p50_ms for result in results),
+                    gateway_busy, gateway_busy / rate * 1000 if rate else math.nan, foreign, worker_busy,
+                    upstream_busy, generator_busy, warnings)
 
 
 def collect(generator: subprocess.Popen[bytes]) -> Generated:
@@ -343,15 +353,18 @@ def report(config: Config, runs: dict[int, list[Measured]]) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = ["| workers | requests/s | × N × rps(1) | client TTFT p50 | gateway cores busy | per worker | "
-             "upstreams busy | generators busy | errors |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workers | requests/s | ÷ (N × rps(1)) | client TTFT p50 | gateway cores busy | "
+             "gateway CPU per request | per worker | upstreams busy | generators busy | others on gateway cores | "
+             "errors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         efficiency = "unknown (no N=1 run)" if row["efficiency"] is None else f"{row['efficiency']:.3f}"
         lines.append(
             f"| {row['workers']} | {row['requests_per_s']:.0f} | {efficiency} | {row['ttft_p50_ms']:.2f} ms | "
-            f"{row['gateway_cores_busy']:.2f} | {', '.join(f'{b:.0%}' for b in row['worker_busy'])} | "
+            f"{row['gateway_cores_busy']:.2f} | {row['gateway_cpu_ms_per_request']:.3f} ms | "
+            f"{', '.join(f'{b:.0%}' for b in row['worker_busy'])} | "
             f"{', '.join(f'{b:.0%}' for b in row['upstream_busy'])} | "
-            f"{', '.join(f'{b:.0%}' for b in row['generator_busy'])} | {row['errors']} |")
+            f"{', '.join(f'{b:.0%}' for b in row['generator_busy'])} | {row['foreign_busy']:.2f} | {row['errors']} |")
     warnings = [f"- N={row['workers']}: {warning}" for row in result["rows"] for warning in row["warnings"]]
     config = result["config"]
     return "\n".join([
@@ -360,7 +373,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"{config['upstream_cores']}, client cores {config['client_cores']} ({config['clients']} generator "
         f"processes); {config['streams_per_worker']} streams per worker; streamed chat, {config['tokens']} tokens, "
         f"TTFT {config['ttft_ms']} ms, {config['token_ms']} ms apart; {config['warmup_s']} s warm-up, "
-        f"{config['duration_s']} s window, {config['rounds']} round(s) (median); listening: {config['listen']}.",
+        f"{config['duration_s']} s window, {config['rounds']} round(s) (the median round by rate; the upper one of "
+        f"two); listening: {config['listen']}.",
         "", *lines, "",
         *(["Warnings:", *warnings] if warnings else ["No part other than the gateway ran out of CPU."]),
         *(["", "**The core sets overlapped (--allow-shared-cores): a smoke run, not a measurement.**"]

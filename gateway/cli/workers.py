@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,13 +75,15 @@ class WorkerSlot:
 class Signals:
     """Signals received by the parent, handled in its loop (a handler only records them)."""
 
-    pending: list[int] = field(default_factory=list)
+    pending: deque[int] = field(default_factory=deque)  # appended by handlers, popped by the loop: no swap race
 
     def record(self, signum: int, _frame: FrameType | None) -> None:
         self.pending.append(signum)
 
     def take(self) -> list[int]:
-        taken, self.pending = self.pending, []
+        taken = []
+        while self.pending:
+            taken.append(self.pending.popleft())
         return taken
 
 

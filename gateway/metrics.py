@@ -102,6 +102,10 @@ class GatewayMetrics:
             "kvgate_workers", "Worker processes serving now (1 without `--workers`).", registry=registry,
             multiprocess_mode="livesum")
         self.workers_live.set(1)
+        self.workers_configured = Gauge(
+            "kvgate_workers_configured", "Worker processes asked for (`serve --workers N`; 1 for a single process).",
+            registry=registry, multiprocess_mode="livemax")
+        self.workers_configured.set(1)
         self.salt_announcements_failed = Counter(
             "kvgate_worker_salt_announcements_failed", "User-salt digests a worker could not pass straight to the "
             "ingesting worker (its blocks may be unattributed until the store's copy is read).", registry=registry)

@@ -107,6 +107,8 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     canary = _canary(session, secret, metrics, holder, tasks, scheduled=ingests)
     limits = RequestLimits(settings.max_in_flight, open_rate_limiter(storage, metrics.rate_limit_fallbacks.inc),
                            metrics)
+    if role is not None:
+        metrics.workers_configured.set(role.count)
     if role is not None and role.replaced:
         metrics.worker_restarts.inc()
     ingester = None if ingests or role is None else IngesterClient(role.ingester_socket)

@@ -171,7 +171,7 @@ class Supervisor:
         os.set_blocking(wake_write, False)
         signal.set_wakeup_fd(wake_write)
         log.info("workers_starting", workers=len(self.slots), host=self.settings.host, port=self.port,
-                 listen=self.settings.workers_listen)
+                 listen=self.settings.workers_listen, runtime_dir=str(self.runtime_dir))
         for slot in self.slots:
             self.spawn(slot)
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -332,3 +333,23 @@ def test_user_salts_issued_by_any_worker_attribute_their_blocks(
                  == expected, gateway, "every block reported")
         assert counts(report(), "unattributed", "GPU") == (0, 0, 0)
         assert counts(report(), "gamma", "GPU")[0] == expected
+
+
+def test_workers_end_by_themselves_when_the_parent_is_killed(policy: PolicyDir, tmp_path: Path) -> None:
+    """SIGKILL gives the parent no chance to stop them. Wrong version: the workers keep serving the port as
+    orphans nobody supervises."""
+    with run_workers(policy.root, tmp_path / "gateway.log", gateway_env(tmp_path)) as gateway:
+        pids = [worker_pid(gateway, index) for index in range(WORKERS)]
+        gateway.popen.kill()
+        gateway.popen.wait(timeout=DEADLINE_S)
+        wait_for(lambda: not any(pid_alive(pid) for pid in pids), gateway, "every worker gone")
+    # A killed parent cannot remove its runtime directory (metric files, private sockets); the test does.
+    shutil.rmtree(log_events(gateway, "workers_starting")[0]["runtime_dir"], ignore_errors=True)
+
+
+def test_an_invalid_worker_count_is_refused_before_anything_starts(policy: PolicyDir, tmp_path: Path) -> None:
+    env = clean_environment(gateway_env(tmp_path))
+    argv = kvgate_command("serve", "--policies", str(policy.root), "--port", str(free_port()), "--workers", "0")
+    done = subprocess.run(argv, capture_output=True, env=env, timeout=DEADLINE_S)
+    assert done.returncode == 2
+    assert b"workers" in done.stderr

@@ -88,7 +88,7 @@ def serve_on_sockets(overrides: dict[str, Any], worker: WorkerArgs, sockets: lis
     configure_logging(settings.log_format, settings.log_level)
     structlog.contextvars.bind_contextvars(worker=worker.index)  # every log line says which worker wrote it
     role = WorkerRole(worker.index, worker.count, worker.ingester_socket, worker.salt_socket, worker.replaced,
-                      worker.salt_inbox_fd)
+                      worker.salt_inbox_fd, worker.parent_pid)
     app = GatewayApp(settings, role=role, metrics_dir=worker.metrics_dir)
     server = WorkerServer(serving_config(app, settings), worker.ready_fd, worker.parent_pid)
     server.run(sockets=sockets)

@@ -52,6 +52,7 @@ class WorkerRole:
     salt_socket: Path  # worker 0's datagram queue of salt digests issued by the others
     replaced: bool = False  # started in place of a worker that exited
     salt_inbox_fd: int | None = None  # worker 0: its end of that queue
+    parent_pid: int | None = None  # the supervising parent
 
     @property
     def ingests(self) -> bool:
@@ -62,8 +63,10 @@ class WorkerRole:
         return b"x-kvgate-worker", str(self.index).encode()
 
     def reload_everywhere(self) -> None:
-        """Ask the supervising parent to pass a reload (SIGHUP) on to every worker."""
-        os.kill(os.getppid(), signal.SIGHUP)
+        """Ask the supervising parent to pass a reload (SIGHUP) on to every worker (never another process that
+        has become this one's parent because the supervisor died)."""
+        if self.parent_pid is not None and os.getppid() == self.parent_pid:
+            os.kill(self.parent_pid, signal.SIGHUP)
 
 
 class IngesterUnavailable(GatewayError):

@@ -6,6 +6,7 @@ from the parent's JSON log. Every wait polls an observable event against a deadl
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -353,3 +354,32 @@ def test_an_invalid_worker_count_is_refused_before_anything_starts(policy: Polic
     done = subprocess.run(argv, capture_output=True, env=env, timeout=DEADLINE_S)
     assert done.returncode == 2
     assert b"workers" in done.stderr
+
+
+def test_every_worker_enforces_the_connection_limits(policy: PolicyDir, tmp_path: Path) -> None:
+    """On one kept-alive connection: /livez says which worker holds it, then a request whose headers exceed
+    KVGATE_MAX_HEADER_BYTES must get 431 from that worker. Wrong version: a worker serves with uvicorn's
+    defaults (no header cap of ours), and the oversized request is answered normally."""
+    env = gateway_env(tmp_path, KVGATE_MAX_HEADER_BYTES="2048")
+    with run_workers(policy.root, tmp_path / "gateway.log", env) as gateway:
+        refused_by: set[int] = set()
+
+        def each_worker_refused() -> bool:
+            connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=DEADLINE_S)
+            try:
+                connection.request("GET", "/livez")
+                first = connection.getresponse()
+                first.read()
+                index = int(first.headers[WORKER_HEADER])
+                connection.request("GET", "/livez", headers={"x-padding": "p" * 4096})
+                second = connection.getresponse()
+                second.read()
+            finally:
+                connection.close()
+            assert second.status == 431, f"worker {index} answered {second.status}"
+            refused_by.add(index)
+            return len(refused_by) == WORKERS
+
+        wait_for(each_worker_refused, gateway, "an oversized request refused by each worker")
+        samples = scrape(gateway, policy.keys["ops"])
+        assert sample(samples, "kvgate_connections_closed_total", reason="header_too_large") >= WORKERS

@@ -47,6 +47,7 @@ TENANT = "bench"
 PROMPT = "Explain in a few words why a per-tenant cache salt keeps prefix caches apart. " * 3
 TARGET_EFFICIENCY = 0.85
 SATURATED = 0.9  # a generator or upstream process this busy (cores) may be what limits the run
+WORKER_BUSY = 0.85  # a gateway worker less busy than this was not the limit: the run did not load it fully
 READY_TIMEOUT_S = 120.0
 
 
@@ -87,7 +88,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--upstream-cores", default="8-10", help="cores for the fast upstreams: one process each")
     parser.add_argument("--client-cores", default="11-15", help="cores for the load-generator processes")
     parser.add_argument("--clients", type=int, default=0, help="generator processes (default: one per client core)")
-    parser.add_argument("--streams-per-worker", type=int, default=48, help="concurrent streams per gateway worker")
+    parser.add_argument("--streams-per-worker", type=int, default=128, help="concurrent streams per gateway worker")
     parser.add_argument("--warmup-s", type=float, default=4.0)
     parser.add_argument("--duration-s", type=float, default=12.0)
     parser.add_argument("--rounds", type=int, default=1, help="runs per N; the median rate is reported")
@@ -302,6 +303,8 @@ def measure(config: Config, workers: int, upstream_list: list[ServerProcess], wo
                 for index, busy in enumerate(generator_busy) if busy > SATURATED]
     warnings += [f"upstream {index} was {busy:.0%} busy: the load may be upstream-bound"
                  for index, busy in enumerate(upstream_busy) if busy > SATURATED]
+    warnings += [f"worker {index} was only {busy:.0%} busy: the gateway was not the limit (more streams?)"
+                 for index, busy in enumerate(worker_busy) if busy < WORKER_BUSY]
     errors = sum(result.errors for result in results)
     if errors:
         warnings.append(f"{errors} requests failed")

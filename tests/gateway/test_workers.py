@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, standard_policy
 from tests.harness import PolicyDir, bearer, new_secret
+from tests.ledger.redis_proc import RedisProcess
 from tests.ledger.support import counts
 from tests.procs import ServerProcess, clean_environment, free_port, free_port_pair, kvgate_command, run_server
 
@@ -256,8 +258,21 @@ def acme_stored(gateway: ServerProcess, root: str) -> int:
     return counts(reply.json(), "acme", "GPU")[0]
 
 
+@pytest.fixture(params=["sqlite", "redis"])
+def store_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The workers' shared store: the SQLite file, or a real redis-server."""
+    if request.param == "sqlite":
+        yield {}
+        return
+    server = RedisProcess(tmp_path / "redis").start()
+    try:
+        yield {"KVGATE_REDIS_URL": server.url, "KVGATE_LEDGER_REDIS_PREFIX": f"kvgate-test:{uuid.uuid4().hex}:"}
+    finally:
+        server.stop()
+
+
 def test_kv_events_are_ingested_once_and_every_worker_gives_the_same_audit(
-    sim_with_events: tuple[ServerProcess, int], tmp_path: Path
+    sim_with_events: tuple[ServerProcess, int], tmp_path: Path, store_env: dict[str, str]
 ) -> None:
     """Wrong versions: every worker subscribes (each block counted once per worker in the summed metrics), or a
     worker answers the audit from its own memory (its answer differs, or misses the unflushed batches)."""
@@ -269,7 +284,7 @@ def test_kv_events_are_ingested_once_and_every_worker_gives_the_same_audit(
     policy.add_tenant("root", scopes=("admin", "metrics"))
     policy.write()
     root = policy.keys["root"]
-    with run_workers(policy.root, tmp_path / "gateway.log", ledger_env(tmp_path)) as gateway:
+    with run_workers(policy.root, tmp_path / "gateway.log", {**ledger_env(tmp_path), **store_env}) as gateway:
         wait_for(lambda: len(log_events(gateway, "kv_events_subscribed")) == 1, gateway, "a subscription")
         complete(gateway, policy.keys["acme"], "first")
         wait_for(lambda: acme_stored(gateway, root) == BLOCKS_PER_PROMPT, gateway, "the first prompt's blocks")

@@ -12,7 +12,7 @@ from gateway.ledger.config import compaction_horizon
 from gateway.ledger.context import LedgerContext
 from gateway.ledger.ingest import ClockOffsets
 from gateway.ledger.lifecycle import LedgerState
-from gateway.ledger.records import CloseReason, SourceEvent, TenantPolicyRecord
+from gateway.ledger.records import SourceEvent, SourceEventKind, TenantPolicyRecord
 from gateway.ledger.runner import LedgerRunner
 from gateway.ledger.salt_keeper import SaltKeeper
 from gateway.log import get_logger
@@ -28,7 +28,7 @@ class CompactingStore(Protocol):
 
 def resets_in(events: list[SourceEvent]) -> set[tuple[str, float]]:
     """The operator resets among a store's source events, as (source, boundary)."""
-    return {(event.source, event.boundary_ts) for event in events if event.kind == CloseReason.RESET}
+    return {(event.source, event.boundary_ts) for event in events if event.kind == SourceEventKind.RESET}
 
 
 def retention_by_tenant(policies: PolicySet) -> dict[str, float]:

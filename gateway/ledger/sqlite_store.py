@@ -199,9 +199,8 @@ class SqliteStore:
                                 [(op.medium, to_sql(op.block_hash)) for op in group])
             rows = self.db.execute(CLOSE_MANY_SQL, (removed_at, batch.source)).fetchall()
             self.db.execute("DELETE FROM temp.ledger_closing")
-            for tenant, medium, epoch, stored_at, unknown_since in rows:
-                closed(batch.source, tenant, medium, epoch, CloseReason.REMOVED, stored_at, removed_at,
-                       unknown_since is not None)
+            for row in rows:
+                closed(batch.source, CloseReason.REMOVED, removed_at, row)
 
     def _silence(self, batch: BatchOps, op: SilenceOp) -> None:
         rows = self.db.execute("UPDATE ledger_blocks SET unknown_since = ? WHERE source = ? AND removed_at IS NULL "
@@ -235,9 +234,8 @@ class SqliteStore:
         sql = (f"UPDATE ledger_blocks SET removed_at = ?, closed_by = ? WHERE {' AND '.join(where)} "  # noqa: S608
                "RETURNING tenant, medium, epoch, stored_at, unknown_since")
         rows = self.db.execute(sql, (op.at, op.reason, *params)).fetchall()
-        for tenant, medium, epoch, stored_at, unknown_since in rows:
-            self._delta.closed(batch.source, tenant, medium, epoch, op.reason, stored_at, op.at,
-                               unknown_since is not None)
+        for row in rows:
+            self._delta.closed(batch.source, op.reason, op.at, row)
         if op.reason in SOURCE_EVENT_KINDS:
             self._source_event(batch, SourceEventKind(op.reason), op.at, len(rows))
 

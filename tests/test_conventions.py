@@ -22,6 +22,9 @@ EXCLUDED = ("sim/",)
 ALLOWED: dict[tuple[str, str], str] = {
     # The relay rework (issue 15) is rebuilding the proxy's construction; its parameters are reshaped there.
     ("proxy/forward.py", "Proxy.__init__"): "relay rework in progress",
+    # The ledger's SQLite store is being rebuilt (issue 12: open and closed records apart); its tally's
+    # `closed` takes the closed row whole once that settles.
+    ("ledger/sqlite_tally.py", "TallyDelta.closed"): "SQLite ledger rework in progress",
 }
 
 

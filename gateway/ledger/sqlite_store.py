@@ -26,7 +26,6 @@ from gateway.ledger.records import (
     BlockRecord,
     ClearOp,
     CloseOp,
-    CloseReason,
     CopiesOp,
     GapRecord,
     LedgerSummary,
@@ -37,7 +36,6 @@ from gateway.ledger.records import (
     SaltDigestEntry,
     SilenceOp,
     SourceEvent,
-    SourceEventKind,
     TenantPolicyRecord,
 )
 
@@ -199,8 +197,9 @@ class SqliteStore:
                                 [(op.medium, to_sql(op.block_hash)) for op in group])
             rows = self.db.execute(CLOSE_MANY_SQL, (removed_at, batch.source)).fetchall()
             self.db.execute("DELETE FROM temp.ledger_closing")
-            for row in rows:
-                closed(batch.source, CloseReason.REMOVED, removed_at, row)
+            for tenant, medium, epoch, stored_at, unknown_since in rows:
+                closed(batch.source, tenant, medium, epoch, "removed", stored_at, removed_at,
+                       unknown_since is not None)
 
     def _silence(self, batch: BatchOps, op: SilenceOp) -> None:
         rows = self.db.execute("UPDATE ledger_blocks SET unknown_since = ? WHERE source = ? AND removed_at IS NULL "
@@ -208,7 +207,7 @@ class SqliteStore:
                                (op.since, batch.source)).fetchall()
         for tenant, medium, epoch in rows:
             self._delta.unknown(tenant, medium, epoch, 1)
-        self._source_event(batch, SourceEventKind.SILENT, op.since, len(rows))
+        self._source_event(batch, "silent", op.since, len(rows))
 
     def _resume(self, batch: BatchOps, op: ResumeOp) -> None:
         rows = self.db.execute("UPDATE ledger_blocks SET unknown_since = NULL WHERE source = ? AND removed_at IS NULL "
@@ -216,9 +215,9 @@ class SqliteStore:
                                (batch.source,)).fetchall()
         for tenant, medium, epoch in rows:
             self._delta.unknown(tenant, medium, epoch, -1)
-        self._source_event(batch, SourceEventKind.RESUMED, op.at, len(rows))
+        self._source_event(batch, "resumed", op.at, len(rows))
 
-    def _source_event(self, batch: BatchOps, kind: SourceEventKind, at: float, count: int) -> None:
+    def _source_event(self, batch: BatchOps, kind: str, at: float, count: int) -> None:
         self.db.execute("INSERT OR IGNORE INTO ledger_source_events VALUES (?, ?, ?, ?, ?)",
                         (batch.source, kind, batch.ts, at, count))
 
@@ -234,10 +233,11 @@ class SqliteStore:
         sql = (f"UPDATE ledger_blocks SET removed_at = ?, closed_by = ? WHERE {' AND '.join(where)} "  # noqa: S608
                "RETURNING tenant, medium, epoch, stored_at, unknown_since")
         rows = self.db.execute(sql, (op.at, op.reason, *params)).fetchall()
-        for row in rows:
-            self._delta.closed(batch.source, op.reason, op.at, row)
+        for tenant, medium, epoch, stored_at, unknown_since in rows:
+            self._delta.closed(batch.source, tenant, medium, epoch, op.reason, stored_at, op.at,
+                               unknown_since is not None)
         if op.reason in SOURCE_EVENT_KINDS:
-            self._source_event(batch, SourceEventKind(op.reason), op.at, len(rows))
+            self._source_event(batch, op.reason, op.at, len(rows))
 
     async def record_gaps(self, gaps: Sequence[GapRecord]) -> None:
         rows = [(gap.source, gap.first_seq, gap.last_seq, gap.after_ts) for gap in gaps]

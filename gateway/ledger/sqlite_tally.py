@@ -72,8 +72,6 @@ OPEN_BY_SOURCE_UPSERT = ("INSERT INTO ledger_open_by_source VALUES (?, ?, ?, ?) 
 LIFETIME_UPSERT = ("INSERT INTO ledger_lifetimes VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, medium, ceil_s) "
                    "DO UPDATE SET count = count + excluded.count, high = MAX(high, excluded.high)")
 Key = tuple[str, str, int]  # tenant, medium, epoch (-1: none)
-# A record a statement just closed, as its `RETURNING tenant, medium, epoch, stored_at, unknown_since` reads it.
-ClosedRow = tuple[str, str, int | None, float, float | None]
 
 
 class TallyDelta:
@@ -102,9 +100,8 @@ class TallyDelta:
         row[0] += 1
         row[2] += 1
 
-    def closed(self, source: str, reason: str, removed_at: float, row_closed: ClosedRow) -> None:
-        tenant, medium, epoch, stored_at, unknown_since = row_closed
-        was_unknown = unknown_since is not None
+    def closed(self, source: str, tenant: str, medium: str, epoch: int | None, reason: str, stored_at: float,
+               removed_at: float, was_unknown: bool) -> None:
         self._source_open(source, tenant, medium, -1)
         row = self._row(tenant, medium, epoch)
         lifetime = removed_at - stored_at

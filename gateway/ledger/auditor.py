@@ -7,10 +7,10 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.ledger.audit import collect_audit
-from gateway.ledger.base import LedgerStore, StoreUnavailable
+from gateway.ledger.base import LedgerStore
 from gateway.ledger.ingest import ClockOffsets
 from gateway.ledger.observe import LedgerMetrics
-from gateway.ledger.writer import BatchWriter
+from gateway.ledger.writer import BatchWriter, error_kind
 from gateway.policy.loader import PolicySet
 
 
@@ -31,6 +31,6 @@ class LedgerAuditor:
         try:
             return await collect_audit(self.store, policies, tenant, since, self.clocks.snapshot())
         except Exception as error:  # the store cannot be read now: a 503 in the OpenAI shape, counted
-            kind = "unavailable" if isinstance(error, StoreUnavailable) else type(error).__name__
+            kind = error_kind(error)
             self.metrics.store_error(kind)
             raise LedgerUnavailable(f"the ledger store cannot be read now ({kind}); try again") from error

@@ -8,6 +8,7 @@ from collections import OrderedDict
 
 from gateway.ledger.base import LedgerStore
 from gateway.ledger.observe import LedgerMetrics
+from gateway.ledger.records import SaltDigestEntry
 from gateway.ledger.salts import SaltIndex, tenant_salt_entry, user_salt_entry
 from gateway.ledger.writer import BatchWriter
 from gateway.policy.loader import PolicySet
@@ -62,6 +63,10 @@ class SaltKeeper:
     async def refresh(self, store: LedgerStore) -> None:
         """Digests recorded since the last call (by any replica) join the index."""
         entries, self._store_position = await store.salt_entries(self._store_position)
+        self.learn(entries)
+
+    def learn(self, entries: list[SaltDigestEntry]) -> None:
+        """Digests another process issued: they match from now on (the store already has them)."""
         if entries:
             self.index.add_users(entries)
             self.metrics.user_salts(self.index.remembered)

@@ -7,7 +7,6 @@ import asyncio
 import time
 from typing import Protocol, runtime_checkable
 
-from gateway.ledger.base import StoreUnavailable
 from gateway.ledger.config import compaction_horizon
 from gateway.ledger.context import LedgerContext
 from gateway.ledger.ingest import ClockOffsets
@@ -15,6 +14,7 @@ from gateway.ledger.lifecycle import LedgerState
 from gateway.ledger.records import SourceEvent, SourceEventKind, TenantPolicyRecord
 from gateway.ledger.runner import LedgerRunner
 from gateway.ledger.salt_keeper import SaltKeeper
+from gateway.ledger.writer import error_kind
 from gateway.log import get_logger
 from gateway.policy.loader import PolicySet
 
@@ -62,8 +62,7 @@ class LedgerUpkeep:
                 await self._pick_up_resets()
                 await self._remember_policies()
             except Exception as error:  # the store is away or failing: try again next round
-                self.metrics.store_error(type(error).__name__ if not isinstance(error, StoreUnavailable)
-                                         else "unavailable")
+                self.metrics.store_error(error_kind(error))
 
     async def _pick_up_resets(self) -> None:
         """`kvgate ledger reset-source` closes records in the store; reload that source's open blocks."""

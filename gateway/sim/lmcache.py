@@ -8,7 +8,8 @@
   prompt; tokens beyond the GPU hit are loaded (the last prompt token is always recomputed). LRU eviction
   of `--lmcache-chunks` chunks, with no removal events: LMCache reports none.
 - Events: one `BlockStored` per new chunk as vLLM's LMCache connector forwards them: the chunk's token-only
-  prefix hash, the previous chunk's hash as parent, the chunk's tokens, block_size = chunk size, no
+  prefix hash, the previous chunk's hash as parent, the chunk's tokens plus the next stored chunk's first
+  (257 ids for 256-token chunks, the last stored chunk 256, as captured), block_size = chunk size, no
   `extra_keys`, `medium` = `--lmcache-medium` (LMCache's own lower-case names, e.g. `cpu`). The hash carries
   no tag or salt, as in LMCache, so two identities storing one prefix send the same hashes.
 """
@@ -103,5 +104,8 @@ class LMCacheConnector:
 
     def _stored_event(self, index: int, prompt: Sequence[int], hashes: Sequence[int]) -> Event:
         parent = hashes[index - 1] if index else None
-        tokens = prompt[index * self._chunk : (index + 1) * self._chunk]
+        # As captured from LMCache 0.5.6: a chunk's token_ids run one token into the next stored chunk (257 ids
+        # for 256-token chunks); the last stored chunk has only its own.
+        stored_end = len(hashes) * self._chunk
+        tokens = prompt[index * self._chunk : min((index + 1) * self._chunk + 1, stored_end)]
         return kv_events.lmcache_stored(hashes[index], parent, tokens, self._chunk, self._medium)

@@ -5,9 +5,13 @@ the emitted truth per salt and medium."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 from gateway.sim.config import SimConfig
 from gateway.sim.engine import LoadFailed
@@ -138,6 +142,41 @@ def test_a_failed_load_announces_the_removal_of_the_blocks_it_was_filling() -> N
     assert truth["by_salt"][""]["GPU"]["resident"] == cached == 0
 
 
+def test_a_recomputed_load_announces_the_discarded_chunks_and_their_new_copies() -> None:
+    config = settings(offload=True, gpu_blocks=8, load_failure_policy="recompute")
+    prompt = "[[sim:fail-load]]" + "x" * 111
+
+    async def scenario(sim: Published) -> list[Batch]:
+        await serve(sim.engine, request(config, prompt))
+        await serve(sim.engine, request(config, tokens(128, 5000)))
+        start = (await sim.batches())[-1].seq + 1
+        await serve(sim.engine, request(config, prompt))
+        return await sim.batches(start)
+
+    step, offload = run(config, scenario)
+    (discarded,) = [e for e in step.events if e["medium"] == "CPU"]
+    assert discarded["type"] == "BlockRemoved" and len(discarded["block_hashes"]) == 2
+    assert [e["block_hashes"] for e in offload.events] == [[h] for h in discarded["block_hashes"]]
+
+
+def test_a_request_cancelled_in_prefill_still_announces_the_blocks_it_took() -> None:
+    config = settings(base_ttft_ms=3_600_000.0)  # only cancellation ends this prefill
+
+    async def scenario(sim: Published) -> tuple[list[Batch], int]:
+        async with asyncio.TaskGroup() as group:
+            task = group.create_task(sim.engine.prefill(request(config, tokens(64, 1000)), 0.0))
+            deadline = asyncio.get_running_loop().time() + 10
+            while sim.engine.running != 1:
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.001)
+            task.cancel()
+        return await sim.batches(), sim.engine.cache.cached_blocks
+
+    batches, cached = run(config, scenario)
+    assert [kinds(b) for b in batches] == [[("BlockStored", "GPU", 4)]]
+    assert cached == 4  # the blocks stay cached after the abort, as the event says
+
+
 def test_the_truth_counts_per_salt_and_medium() -> None:
     config = settings(offload=True, gpu_blocks=8)
 
@@ -175,3 +214,40 @@ def test_no_events_are_built_without_an_endpoint() -> None:
     assert state.engine.offload is not None
     events: list[Event] = state.engine.offload.store(tokens(64, 1), list(range(4)), None)
     assert events == []
+
+
+_REQUESTS = st.lists(
+    st.tuples(st.integers(0, 2), st.integers(1, 3), st.sampled_from([None, "a"]), st.integers(0, 20),
+              st.booleans()),
+    min_size=1, max_size=12,
+)
+
+
+@examples(max_examples=25, deadline=None)
+@given(requests=_REQUESTS, policy=st.sampled_from(["fail", "recompute"]))
+def test_the_truth_always_matches_what_the_caches_hold(requests: list[tuple[int, int, str | None, int, bool]],
+                                                       policy: str) -> None:
+    """Random requests over shared prefixes, a 6-block GPU pool and a 3-chunk CPU tier (32-token chunks), with a
+    share of failing loads and prefix-cache resets: after every request, the blocks the KV events say are resident
+    are exactly the blocks the GPU cache and the CPU tier hold."""
+    config = settings(offload=True, gpu_blocks=6, offload_block_size=32, cpu_bytes_to_use=3 * 32 * 147456,
+                      fail_loads=0.5, load_failure_policy=policy, seed=7)
+
+    async def scenario(sim: Published) -> None:
+        tier = sim.engine.offload
+        assert tier is not None
+        for prefix, blocks, salt, output, reset in requests:
+            prompt = tokens(16 * prefix, 1000) + tokens(16 * blocks + 5, 3000 + 100 * blocks)
+            with contextlib.suppress(LoadFailed):
+                await serve(sim.engine, request(config, prompt, cache_salt=salt, max_tokens=output + 1),
+                            tokens(output, 9000))
+            if reset:
+                assert sim.engine.reset_prefix_cache(reset_external=False)
+            await sim.drained()
+            resident = sim.publisher.truth.resident
+            gpu = {block for medium, block in resident if medium == "GPU"}
+            cpu = {block for medium, block in resident if medium == "CPU"}
+            assert len(gpu) == sim.engine.cache.cached_blocks and all(sim.engine.cache.contains(b) for b in gpu)
+            assert len(cpu) == len(tier.tier) and all(key in tier.tier for key in cpu)
+
+    run(config, scenario)

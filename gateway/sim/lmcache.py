@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -39,10 +40,10 @@ def lmcache_entries(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def identity(entries: dict[str, Any], salt: str | None, ignore_salt: bool) -> str:
-    tags = sorted(f"{key[len(TAG_PREFIX):]}%{value}" for key, value in entries.items() if key.startswith(TAG_PREFIX))
-    if salt and not ignore_salt:
-        tags.append(f"salt%{salt}")
-    return "@".join(tags)
+    """Who a chunk belongs to: the sorted (name, value) tags and the salt, serialised so that no tag name or
+    value can imitate another identity (a joined string would let a tag named `salt` pass for a cache_salt)."""
+    tags = sorted((key[len(TAG_PREFIX):], str(value)) for key, value in entries.items() if key.startswith(TAG_PREFIX))
+    return json.dumps([tags, salt if salt and not ignore_salt else None])
 
 
 def _keyed(chunk_hashes: Sequence[int], who: str) -> list[bytes]:

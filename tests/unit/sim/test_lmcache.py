@@ -42,18 +42,38 @@ def test_only_the_lmcache_entries_of_kv_transfer_params_count(request_body: dict
 
 
 @pytest.mark.parametrize(
-    ("entries", "salt", "ignore_salt", "who"),
+    ("first", "second", "same"),
     [
-        ({}, None, False, ""),
-        ({}, "s1", False, "salt%s1"),
-        ({}, "s1", True, ""),
-        ({"lmcache.tag.user": "u1", "lmcache.tag.app": "x"}, None, False, "app%x@user%u1"),  # sorted
-        ({"lmcache.tag.user": "u1", "lmcache.skip_save": True}, "s", False, "user%u1@salt%s"),
-        ({"lmcache.tag.n": 5}, "", False, "n%5"),  # an empty salt is no salt
+        (({}, None, False), ({}, None, False), True),
+        (({}, "s1", False), ({}, "s1", False), True),
+        (({}, "s1", False), ({}, "s2", False), False),
+        (({}, "s1", False), ({}, None, False), False),
+        (({}, "s1", True), ({}, "s2", True), True),  # the ignore-salt defect: two salts, one identity
+        (({}, "", False), ({}, None, False), True),  # an empty salt is no salt
+        (({"lmcache.tag.a": "x", "lmcache.tag.b": "y"}, None, False),
+         ({"lmcache.tag.b": "y", "lmcache.tag.a": "x"}, None, False), True),  # tag order does not matter
+        (({"lmcache.tag.a": "x", "lmcache.skip_save": True}, None, False),
+         ({"lmcache.tag.a": "x"}, None, False), True),  # only tags count
+        (({"lmcache.tag.a": "x"}, None, False), ({"lmcache.tag.a": "y"}, None, False), False),
+        (({"lmcache.tag.a": "x"}, None, False), ({"lmcache.tag.b": "x"}, None, False), False),
+        # Identities a joined "name%value@..." string could not tell apart:
+        (({"lmcache.tag.salt": "s"}, None, False), ({}, "s", False), False),
+        (({"lmcache.tag.a": "x@salt%s"}, None, False), ({"lmcache.tag.a": "x"}, "s", False), False),
+        (({"lmcache.tag.a%b": "c"}, None, False), ({"lmcache.tag.a": "b%c"}, None, False), False),
+        (({"lmcache.tag.a": "x@b%y"}, None, False), ({"lmcache.tag.a": "x", "lmcache.tag.b": "y"}, None, False),
+         False),
     ],
 )
-def test_identity(entries: dict[str, Any], salt: str | None, ignore_salt: bool, who: str) -> None:
-    assert identity(entries, salt, ignore_salt) == who
+def test_identity_is_the_tags_and_the_salt(first: tuple[dict[str, Any], str | None, bool],
+                                           second: tuple[dict[str, Any], str | None, bool], same: bool) -> None:
+    assert (identity(*first) == identity(*second)) is same
+
+
+def test_a_tag_named_salt_cannot_reach_a_salted_tenants_entries() -> None:
+    tier = connector()
+    tier.store(PROMPT, {}, "tenant-a")
+    assert tier.hit_tokens(PROMPT, body(**{"lmcache.tag.salt": "tenant-a"}), None, 0) == 0
+    assert tier.hit_tokens(PROMPT, {}, "tenant-a", 0) == 127
 
 
 @pytest.mark.parametrize(("gpu_hit", "hit"), [(0, 127), (64, 63), (112, 15), (126, 1), (127, 0), (128, 0)])

@@ -438,6 +438,74 @@ def test_a_client_that_leaves_mid_stream_stops_its_generation() -> None:
                                                 "finished_reason": "abort"}) == 1
 
 
+def test_a_stream_runs_to_its_usage_chunk_and_done() -> None:
+    sim = app()
+    exchange = run(call(sim, "POST", "/v1/completions", {"prompt": "x" * 20, "max_tokens": 4, "stream": True,
+                                                          "stream_options": {"include_usage": True}}))
+    assert exchange.headers["content-type"] == "text/event-stream; charset=utf-8" and exchange.complete
+    events = [b[len("data: "):] for b in exchange.content.decode().split("\n\n") if b]
+    assert len(events) == 6 and events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:4]] == [None, None, None, "length"]
+    assert chunks[4]["usage"]["completion_tokens"] == 4 and chunks[4]["choices"] == []
+    (record,) = records(sim)
+    assert (record["outcome"], record["completion_tokens"], record["stream"]) == ("completed", 4, True)
+    value = sim.state.metrics.registry.get_sample_value
+    assert value("vllm:inter_token_latency_seconds_count", {"model_name": "sim-model", "engine": "0"}) == 3
+
+
+def test_a_delay_directive_holds_the_request_out_of_the_engine_after_the_stream_headers() -> None:
+    sim = app()
+
+    async def scenario() -> tuple[Exchange, tuple[int, int, int]]:
+        body = json.dumps({"prompt": "[[sim:delay-ms=3600000]]", "max_tokens": 1, "stream": True}).encode()
+        exchange = Exchange("POST", "/v1/completions", body, {"content-type": "application/json"})
+        async with asyncio.TaskGroup() as group:
+            group.create_task(sim(exchange.scope, exchange.receive, exchange.send))
+            await until(lambda: bool(exchange.sent), "the stream's headers")
+            seen = (sim.state.engine.waiting, sim.state.engine.running, sim.state.in_flight)
+            exchange.client_gone.set()
+        return exchange, seen
+
+    exchange, (waiting, running, in_flight) = run(scenario())
+    assert exchange.status == 200 and not exchange.complete
+    assert (waiting, running, in_flight) == (0, 0, 1)  # in flight, but neither queued nor running
+    assert records(sim)[0]["outcome"] == "aborted" and records(sim)[0]["gpu_hit_tokens"] is None
+
+
+def test_a_request_cancelled_by_the_server_is_recorded_as_aborted() -> None:
+    sim = app()
+
+    async def scenario() -> None:
+        body = json.dumps({"prompt": "[[sim:hang]]", "max_tokens": 1}).encode()
+        exchange = Exchange("POST", "/v1/completions", body, {"content-type": "application/json"})
+        async with asyncio.TaskGroup() as group:
+            task = group.create_task(sim(exchange.scope, exchange.receive, exchange.send))
+            await until(lambda: sim.state.in_flight == 1, "the request to be in flight")
+            task.cancel()  # what a server shutting down does to its handlers
+
+    run(scenario())
+    assert (records(sim)[0]["outcome"], records(sim)[0]["status"], sim.state.in_flight) == ("aborted", 200, 0)
+
+
+def test_reset_external_empties_the_lmcache_tier() -> None:
+    sim = app(lmcache=True, lmcache_chunk_size=64)
+
+    async def scenario() -> list[int]:
+        await call(sim, "POST", "/v1/completions", {"prompt": "x" * 128, "max_tokens": 1})
+        assert sim.state.engine.lmcache is not None
+        sizes = [len(sim.state.engine.lmcache)]
+        await call(sim, "POST", "/reset_prefix_cache")
+        sizes.append(len(sim.state.engine.lmcache))
+        await call(sim, "POST", "/reset_prefix_cache", query="reset_external=true")
+        sizes.append(len(sim.state.engine.lmcache))
+        state = (await call(sim, "GET", "/sim/state")).json()["lmcache"]
+        sizes.append(state["stored_chunks"])
+        return sizes
+
+    assert run(scenario()) == [2, 2, 0, 0]
+
+
 def test_a_failed_load_is_a_500_or_an_error_event() -> None:
     sim = app(offload=True, gpu_blocks=8)
     prompt = "[[sim:fail-load]]" + "x" * 111

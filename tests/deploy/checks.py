@@ -186,6 +186,13 @@ def dashboard_exprs(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
+def exposed_families(exposition: str) -> set[str]:
+    """Metric families named by `# TYPE` lines of a text exposition (listed even before their first child), less
+    the `_created` companions prometheus_client adds."""
+    names = {line.split()[2] for line in exposition.splitlines() if line.startswith("# TYPE ")}
+    return {name for name in names if not name.endswith("_created")}
+
+
 def concrete(expr: str) -> str:
     """A dashboard query with Grafana's variables replaced, as Prometheus would receive it (all tenants)."""
     for variable, value in GRAFANA_VARIABLES:

@@ -98,3 +98,13 @@ def test_event_families_without_children_show_none_only_while_scraped() -> None:
         assert SCRAPED_FALLBACK in expr and "vector(" not in expr, expr
     others = [expr for _, expr in exprs if not any(family in expr for family in FALLBACK_FAMILIES)]
     assert not [expr for expr in others if SCRAPED_FALLBACK in expr or "vector(" in expr]
+
+
+def test_alerts_named_by_panels_exist() -> None:
+    """A panel's description may point at the alert on its metric; the alert must exist under that name."""
+    rules = DEPLOY / "prometheus" / "rules" / "kvgate-alerts.yml"
+    alerts = {rule["alert"] for group in yaml.safe_load(rules.read_text())["groups"] for rule in group["rules"]}
+    named = {match for panel in dashboard()["panels"]
+             for match in re.findall(r"Alert: (\w+)\.", panel.get("description", ""))}
+    assert named, "no panel names its alert"
+    assert named - alerts == set()

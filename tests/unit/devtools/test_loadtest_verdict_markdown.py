@@ -225,3 +225,10 @@ def test_the_description_follows_the_title() -> None:
     scenario["description"] = "  Two tenants, one GPU.\n"
     report["scenario"] = scenario
     assert render_markdown(report, {}).splitlines()[2] == "Two tenants, one GPU."
+
+
+def test_no_peak_comparison_when_one_arm_was_never_sampled() -> None:
+    points = [{"arms": {"offload": {"rss_bytes": 2e9}, "control": {"rss_bytes": None}}}]
+    section = _section(_markdown({"memory": points}), "Host memory")
+    assert "| offload | 2.00 GB | 2.00 GB | 2.00 GB |" in section
+    assert "| control |" not in section and "peaked" not in section

@@ -101,12 +101,6 @@ def test_a_missing_file_is_a_scenario_error(tmp_path: Path) -> None:
         load_scenario(tmp_path / "absent.yaml")
 
 
-def test_unicode_tenant_names_and_descriptions_load(tmp_path: Path) -> None:
-    scenario = load_scenario(_write(tmp_path, {**MINIMAL, "tenants": [{"name": "café"}, {"name": "東京"}],
-                                               "description": "Ünïcode ✓"}))
-    assert scenario.tenant_names == ["café", "東京"]
-
-
 def test_phases_are_put_in_protocol_order(tmp_path: Path) -> None:
     scenario = load_scenario(_write(tmp_path, {**MINIMAL, "phases": ["restart", "return", "cold", "pressure"]}))
     assert scenario.phases == ["cold", "pressure", "return", "restart"]

@@ -105,7 +105,7 @@ def test_an_outcome_view_is_json_ready() -> None:
 class CacheUpstream:
     """An upstream whose prefix cache is keyed by (salt, prompt), or by prompt alone when it `leaks`."""
 
-    mode: str = "isolated"  # isolated | leaky | no_usage | status500 | bad_json
+    mode: str = "isolated"  # isolated | leaky | no_usage | float_cached | bool_cached | status500 | bad_json
     metrics: bool = True
     hits: float = 0.0
     seen: set[tuple[str, str]] = field(default_factory=set)
@@ -136,8 +136,9 @@ class CacheUpstream:
         if cached:
             self.hits += cached
         usage: dict[str, Any] = {"prompt_tokens": 120}
+        shapes: dict[str, Any] = {"float_cached": float(cached), "bool_cached": bool(cached)}
         if self.mode != "no_usage":
-            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+            usage["prompt_tokens_details"] = {"cached_tokens": shapes.get(self.mode, cached)}
         return web.json_response({"choices": [{"text": "x"}], "usage": usage})
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -207,6 +208,8 @@ def test_without_metrics_a_zero_cached_answer_still_passes_with_unknown_hits(tmp
 
 @pytest.mark.parametrize(("mode", "detail"), [
     ("no_usage", "ValueError: no usage.prompt_tokens_details.cached_tokens"),
+    ("float_cached", "ValueError: no usage.prompt_tokens_details.cached_tokens"),  # 0.0 is not read as 0 cached
+    ("bool_cached", "ValueError: no usage.prompt_tokens_details.cached_tokens"),
     ("status500", "ClientResponseError: 500"),
     ("bad_json", "DecodeError"),
 ])
@@ -270,7 +273,7 @@ def gateway() -> Iterator[tuple[str, AdminAnswer]]:
             """Quiet."""
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", answer

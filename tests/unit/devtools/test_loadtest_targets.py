@@ -173,7 +173,7 @@ class _Health(BaseHTTPRequestHandler):
 @pytest.fixture
 def healthy_url() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"

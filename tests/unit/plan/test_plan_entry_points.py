@@ -131,6 +131,34 @@ def test_the_plot_flag_writes_a_png(state: Path, tmp_path: Path, capsys: pytest.
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--link-gbps", "0", "'0' must be a positive number"),  # was a ZeroDivisionError traceback
+    ("--link-gbps", "-1", "'-1' must be a positive number"),
+    ("--link-gbps", "nan", "'nan' must be a positive number"),
+    ("--link-gbps", "inf", "'inf' must be a positive number"),
+    ("--prefill-tokens-per-s", "-5", "'-5' must be a positive number"),
+    ("--tensor-parallel", "0", "'0' must be positive"),  # was a ZeroDivisionError traceback
+    ("--offload-block-tokens", "0", "'0' must be positive"),  # was a ZeroDivisionError traceback
+    ("--block-size", "-16", "'-16' must be positive"),
+    ("--gpu-kv-tokens", "1.5", "'1.5' is not a whole number"),
+    ("--host-ram", "-5", "'-5' must not be negative"),
+    ("--cpu-bytes", "12GB", "'12GB' is not a whole number of bytes"),
+])
+def test_numbers_that_mean_nothing_are_usage_errors(state: Path, capsys: pytest.CaptureFixture[str], flag: str,
+                                                     value: str, message: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", flag, value])
+    assert exited.value.code == 2
+    assert f"argument {flag}: {message}" in capsys.readouterr().err
+
+
+def test_zero_bytes_of_weights_in_host_ram_is_a_real_figure(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = _json_plan(capsys, "--gpu-kv-tokens", "4096", "--block-size", "16", "--weights-bytes", "0")
+    budgets = plan["budgets"]
+    assert isinstance(budgets, dict) and budgets["weights_in_host_ram_bytes"] == 0
+    assert "weights_in_host_ram" not in budgets["unknown"]
+
+
 def test_an_unknown_format_is_an_argparse_error(state: Path) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["plan", "--format", "xml"])

@@ -60,6 +60,9 @@ def test_judge(cached_b: int, external: float | None, result: Result) -> None:
     ("vllm:external_prefix_cache_hits_total\nvllm:external_prefix_cache_hits_total abc\n", None),
     ("vllm:external_prefix_cache_hits_created 1.7e9\n", None),
     ("vllm:external_prefix_cache_hits_total_x 5\n", None),
+    ('vllm:external_prefix_cache_hits_total{engine="0"} 12 1700000000000\n', 12.0),  # a timestamp may follow
+    ("vllm:external_prefix_cache_hits_total 3 1700000000000\n", 3.0),
+    ('vllm:external_prefix_cache_hits_total{model_name="my model",x="a}b"} 4\n', 4.0),
 ])
 def test_external_hits(text: str, total: float | None) -> None:
     assert external_hits(text) == total

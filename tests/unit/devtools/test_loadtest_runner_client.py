@@ -188,6 +188,13 @@ def test_no_choice_means_no_ttft_and_an_error_event_is_kept() -> None:
     assert outcome.ttft_s is None and outcome.error == "engine died" and outcome.status == 200
 
 
+def test_a_data_line_that_is_not_json_is_an_error_of_that_request_only() -> None:
+    outcome = _complete(_sse(['data: {"choices": [{"text": "a"}]}\n\n', "data: {not json\n\n",
+                              'data: {"usage": {"prompt_tokens": 3}}\n\n']))
+    assert (outcome.status, outcome.error, outcome.prompt_tokens) == (200, "a data line that is not JSON", 3)
+    assert outcome.ttft_s is not None
+
+
 def test_an_error_status_keeps_the_start_of_its_body() -> None:
     outcome = _complete(_sse(['{"error": {"message": "slow down"}}'], status=429,
                              headers={"x-kvgate-overhead-ms": "fast"}))

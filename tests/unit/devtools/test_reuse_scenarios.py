@@ -60,6 +60,7 @@ def test_an_absent_file_is_not_a_reuse_file(tmp_path: Path) -> None:
     ({"kind": "reusable"}, "kind"), ({"cpu_bytes_to_use": []}, "cpu_bytes_to_use"), ({"tolerance": 0}, "tolerance"),
     ({"max_tokens": 0}, "max_tokens"), ({"workload": {"shape": {"kind": "nope"}}}, "workload"),
     ({"extra": 1}, "extra"), ({"sim": {"gpu_blocks": 0}}, "gpu_blocks"),
+    ({"tenant": "Acme Corp"}, "is not a tenant name a policy accepts"),
 ])
 def test_invalid_reuse_scenarios_name_the_file_and_field(tmp_path: Path, change: dict[str, Any], field: str) -> None:
     path = _write(tmp_path, {**MINIMAL, **change})

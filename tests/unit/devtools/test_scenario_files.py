@@ -101,6 +101,18 @@ def test_a_missing_file_is_a_scenario_error(tmp_path: Path) -> None:
         load_scenario(tmp_path / "absent.yaml")
 
 
+@pytest.mark.parametrize("name", ["Café", "ACME", "unattributed", "-x", "a" * 64, "", "acme corp", "東京"])
+def test_tenant_names_a_policy_would_refuse_are_refused_here(tmp_path: Path, name: str) -> None:
+    """The scenario writes its tenants' policy files: a name the policy loader refuses must fail here, early."""
+    message = _problem(tmp_path, {**MINIMAL, "tenants": [{"name": name}]})
+    assert "tenants.0.name: " in message and "is not a tenant name a policy accepts" in message
+
+
+@pytest.mark.parametrize("name", ["a" * 63, "acme_2", "0day", "a-b"])
+def test_tenant_names_a_policy_accepts_load(tmp_path: Path, name: str) -> None:
+    assert load_scenario(_write(tmp_path, {**MINIMAL, "tenants": [{"name": name}]})).tenant_names == [name]
+
+
 def test_phases_are_put_in_protocol_order(tmp_path: Path) -> None:
     scenario = load_scenario(_write(tmp_path, {**MINIMAL, "phases": ["restart", "return", "cold", "pressure"]}))
     assert scenario.phases == ["cold", "pressure", "return", "restart"]

@@ -31,6 +31,7 @@ class PromptCache:
     """Answers completions with an exact whole-prompt cache, counts like vLLM, and refuses every `refuse_every`th."""
 
     refuse_every: int = 0
+    odd_every: int = 0  # every n-th answer is a 200 of another shape
     seen: set[tuple[int, ...]] = field(default_factory=set)
     counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(MEASURED, 0.0))
     calls: int = 0
@@ -47,6 +48,10 @@ class PromptCache:
         self.keys.append(request.headers.get("authorization"))
         if self.refuse_every and self.calls % self.refuse_every == 0:
             return web.json_response({"error": {"message": "busy"}}, status=429)
+        if self.odd_every and self.calls % self.odd_every == 0:
+            odd = ["not json", "[1, 2]", '{"usage": [1]}', '{"usage": {"prompt_tokens": "30", '
+                   '"prompt_tokens_details": {"cached_tokens": true}}}']
+            return web.Response(text=odd[(self.calls // self.odd_every) % len(odd)], content_type="application/json")
         prompt = tuple((await request.json())["prompt"])
         cached = len(prompt) if prompt in self.seen else 0
         self.seen.add(prompt)
@@ -100,6 +105,13 @@ def test_refused_requests_are_counted_and_left_out_of_the_usage() -> None:
     assert (result.requests, result.failures, len(result.per_request)) == (12, 4, 8)
     assert result.usage_prompt_tokens == 8 * 30
     assert server.keys == ["Bearer key-1"] * 12
+
+
+def test_answers_of_another_shape_count_as_no_usage_not_as_a_crash() -> None:
+    result = _replay(PromptCache(odd_every=2), SPEC)
+    assert (result.requests, result.failures, len(result.per_request)) == (12, 0, 12)
+    assert result.per_request[1::2] == [(0, 0)] * 6  # the odd answers: no usable usage
+    assert result.usage_prompt_tokens == 6 * 30
 
 
 def test_without_metrics_the_shares_are_unknown_but_usage_is_kept() -> None:

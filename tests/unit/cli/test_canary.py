@@ -10,7 +10,7 @@ import hmac
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -35,6 +35,7 @@ from gateway.canary.runner import CanaryRunner
 from gateway.cli.main import main
 from gateway.policy.loader import PolicySet, load_policy_set
 from gateway.policy.model import PoolConfig
+from gateway.tasks import TaskSupervisor
 from tests.harness import PolicyDir
 
 SECRET = b"canary-test-secret-0123456789abcdef"
@@ -330,3 +331,55 @@ def test_a_refusal_or_no_gateway_is_status_2(gateway: tuple[str, AdminAnswer], m
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
     assert main(["canary", "--url", closed, "--timeout", "5"]) == 2
     assert "could not reach the gateway: ConnectError" in capsys.readouterr().err
+
+
+def test_the_schedule_probes_only_pools_with_an_interval_once_it_has_passed(tmp_path: Path) -> None:
+    """A clock under the test's control: `main` (every 60 s) is probed at once, not again while the clock reads
+    +59 s (over several ticks, counted by the clock's reads), and again at +60 s; `quiet` (no interval) never."""
+    upstream = CacheUpstream()
+    now = [1000.0]
+    reads = [0]
+
+    def clock() -> float:
+        reads[0] += 1
+        return now[0]
+
+    async def scheduled() -> tuple[list[Outcome], int]:
+        runner = web.AppRunner(upstream.app())
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        directory = PolicyDir(tmp_path / "policies", {"main": {"upstreams": [url], "canary": {"interval_s": 60}},
+                                                      "quiet": {"upstreams": [url]}})
+        directory.add_tenant("acme")
+        policies = load_policy_set(directory.write(), environ={})
+        tasks = TaskSupervisor("canary-test")
+        try:
+            async with aiohttp.ClientSession() as session:
+                canary = CanaryRunner(session, SECRET, CollectorRegistry(), clock=clock, tick_s=0.001)
+                tasks.spawn(canary.schedule(lambda: policies), "schedule")
+                await _until(lambda: len(upstream.bodies) == 2)
+                now[0] = 1059.0
+                seen = reads[0]
+                await _until(lambda: reads[0] >= seen + 20)  # ten ticks or more at +59 s
+                bodies_at_59 = len(upstream.bodies)
+                now[0] = 1060.0
+                await _until(lambda: len(upstream.bodies) == 4)
+                await tasks.close()
+                return [canary.latest[key] for key in sorted(canary.latest)], bodies_at_59
+        finally:
+            await tasks.close()
+            await runner.cleanup()
+
+    latest, bodies_at_59 = asyncio.run(scheduled())
+    assert bodies_at_59 == 2  # nothing at +59 s
+    assert [(o.pool, o.result, o.at) for o in latest] == [("main", Result.PASS, 1060.0)]
+    assert len(upstream.bodies) == 4  # two probes of A then B, none of `quiet`
+
+
+async def _until(condition: Callable[[], bool], limit_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + limit_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "the schedule did not probe in time"
+        await asyncio.sleep(0.005)  # polling an observable condition, not synchronisation

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from gateway.devtools.loadtest.plots import PLOT_NAMES, draw_all
 from gateway.devtools.loadtest.summary import build_report
-from gateway.devtools.loadtest.workload_run import MEASURED, WorkloadResult, run_workload
+from gateway.devtools.loadtest.workload_run import MEASURED, WorkloadResult, WorkloadTarget, run_workload
 from gateway.devtools.loadtest.workloads import HotSetWorkload, WorkloadSpec, generate
 from gateway.plan.build import PlanInputs, build_plan
 from gateway.plan.plot import draw_curve
@@ -78,7 +78,8 @@ def _replay(server: PromptCache, spec: WorkloadSpec, metrics: bool = True) -> Wo
         url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
         try:
             async with httpx.AsyncClient(timeout=10.0) as http:
-                return await run_workload(http, url, "key-1", "m", spec, 1, f"{url}/metrics" if metrics else None)
+                target = WorkloadTarget(url, "key-1", "m", 1, f"{url}/metrics" if metrics else None)
+                return await run_workload(http, target, spec)
         finally:
             await runner.cleanup()
 

@@ -37,6 +37,7 @@ from gateway.policy.loader import PolicySet, load_policy_set
 from gateway.policy.model import PoolConfig
 from gateway.tasks import TaskSupervisor
 from tests.harness import PolicyDir
+from tests.unit.loopback import serving
 
 SECRET = b"canary-test-secret-0123456789abcdef"
 
@@ -164,13 +165,8 @@ class Probed:
 
 
 async def _probe(upstream: CacheUpstream, tmp_path: Path, **pool: Any) -> Probed:
-    runner = web.AppRunner(upstream.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        directory = PolicyDir(tmp_path / "policies", {"main": {"upstreams": [f"http://127.0.0.1:{port}"], **pool}})
+    async with serving(upstream.app()) as url:
+        directory = PolicyDir(tmp_path / "policies", {"main": {"upstreams": [url], **pool}})
         directory.add_tenant("acme")
         policies = load_policy_set(directory.write(), environ={"POOL_KEY": "pool-secret"})
         registry = CollectorRegistry()
@@ -179,8 +175,6 @@ async def _probe(upstream: CacheUpstream, tmp_path: Path, **pool: Any) -> Probed
             canary.prime(policies)
             outcomes = await canary.run_pool(policies, "main")
         return Probed(outcomes, canary, policies, registry)
-    finally:
-        await runner.cleanup()
 
 
 def test_an_isolating_upstream_passes(tmp_path: Path) -> None:
@@ -345,19 +339,14 @@ def test_the_schedule_probes_only_pools_with_an_interval_once_it_has_passed(tmp_
         return now[0]
 
     async def scheduled() -> tuple[list[Outcome], int]:
-        runner = web.AppRunner(upstream.app())
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-        directory = PolicyDir(tmp_path / "policies", {"main": {"upstreams": [url], "canary": {"interval_s": 60}},
-                                                      "quiet": {"upstreams": [url]}})
-        directory.add_tenant("acme")
-        policies = load_policy_set(directory.write(), environ={})
-        tasks = TaskSupervisor("canary-test")
-        try:
-            async with aiohttp.ClientSession() as session:
-                canary = CanaryRunner(session, SECRET, CollectorRegistry(), clock=clock, tick_s=0.001)
+        async with serving(upstream.app()) as url, aiohttp.ClientSession() as session:
+            directory = PolicyDir(tmp_path / "policies", {"main": {"upstreams": [url], "canary": {"interval_s": 60}},
+                                                          "quiet": {"upstreams": [url]}})
+            directory.add_tenant("acme")
+            policies = load_policy_set(directory.write(), environ={})
+            canary = CanaryRunner(session, SECRET, CollectorRegistry(), clock=clock, tick_s=0.001)
+            tasks = TaskSupervisor("canary-test")
+            try:
                 tasks.spawn(canary.schedule(lambda: policies), "schedule")
                 await _until(lambda: len(upstream.bodies) == 2)
                 now[0] = 1059.0
@@ -366,11 +355,9 @@ def test_the_schedule_probes_only_pools_with_an_interval_once_it_has_passed(tmp_
                 bodies_at_59 = len(upstream.bodies)
                 now[0] = 1060.0
                 await _until(lambda: len(upstream.bodies) == 4)
+            finally:
                 await tasks.close()
-                return [canary.latest[key] for key in sorted(canary.latest)], bodies_at_59
-        finally:
-            await tasks.close()
-            await runner.cleanup()
+            return [canary.latest[key] for key in sorted(canary.latest)], bodies_at_59
 
     latest, bodies_at_59 = asyncio.run(scheduled())
     assert bodies_at_59 == 2  # nothing at +59 s

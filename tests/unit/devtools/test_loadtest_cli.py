@@ -17,7 +17,7 @@ from gateway.devtools.loadtest.cli import UsageError, external_targets
 from gateway.devtools.loadtest.summary import build_report
 from gateway.devtools.loadtest.targets import Access, CommandRestart, FixedPid, PidFile, TenantAccess
 from gateway.policy.loader import load_policy_set
-from tests.unit.devtools.test_loadtest_summary import _raw_run
+from tests.unit.devtools.runs import hand_run
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "loadtests" / "scenarios"
 
@@ -97,7 +97,7 @@ def test_a_reuse_scenario_against_a_given_gateway_needs_its_keys(tmp_path: Path,
 
 
 def test_render_redraws_the_markdown_of_a_saved_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "report.json").write_text(json.dumps(build_report(_raw_run()), default=str))
+    (tmp_path / "report.json").write_text(json.dumps(build_report(hand_run()), default=str))
     assert main(["loadtest", "--render", str(tmp_path)]) == 0
     assert capsys.readouterr().out.startswith(f"redrew {tmp_path / 'report.md'} and ")
     markdown = (tmp_path / "report.md").read_text()

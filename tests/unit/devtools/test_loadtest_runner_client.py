@@ -5,7 +5,7 @@ server on loopback that plays a gateway and an upstream."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -18,6 +18,7 @@ from gateway.devtools.loadtest.observe import Observer
 from gateway.devtools.loadtest.progress import Progress
 from gateway.devtools.loadtest.runner import ProtocolRunner, source_ends
 from gateway.devtools.loadtest.targets import Access, Targets, TenantAccess, Upstream
+from tests.unit.loopback import serving
 
 
 def _scenario(**fields: Any) -> Scenario:
@@ -103,27 +104,18 @@ def test_source_ends_count_restarts_and_losses_of_a_pool(audit: dict[str, Any] |
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-async def _serve(routes: dict[str, Handler]) -> AsyncIterator[str]:
+def _app(routes: dict[str, Handler]) -> web.Application:
     app = web.Application()
     for path, handler in routes.items():
         method, _, route = path.partition(" ")
         app.router.add_route(method, route, handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    finally:
-        await runner.cleanup()
+    return app
 
 
 def _with_server(routes: dict[str, Handler], body: Callable[[str, httpx.AsyncClient], Awaitable[Any]]) -> Any:
     async def run() -> Any:
-        async for url in _serve(routes):
-            async with httpx.AsyncClient(timeout=10.0) as http:
-                return await body(url, http)
-        raise AssertionError("no server")
+        async with serving(_app(routes)) as url, httpx.AsyncClient(timeout=10.0) as http:
+            return await body(url, http)
 
     return asyncio.run(run())
 

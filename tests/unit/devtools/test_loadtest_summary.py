@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.devtools.loadtest.model import Scenario, TenantSpec
 from gateway.devtools.loadtest.promtext import accumulating_samples, add_into, delta, pick, sample_key
 from gateway.devtools.loadtest.runner import RawRun
 from gateway.devtools.loadtest.stats import mean, median_ci, median_difference_ci, quantile
@@ -23,19 +22,7 @@ from gateway.devtools.loadtest.summary import (
     restart_view,
     rows_of,
 )
-
-LOAD = "vllm:kv_offload_load_bytes_total"
-
-
-def row(tenant: str = "acme", arm: str = "offload", phase: str = "return", ttft: float | None = 0.1, *,
-        rep: int = 0, cached: int | None = 0, prompt: int | None = 100, overhead: float | None = 1.0,
-        status: int = 200, error: str | None = None, warmup: bool = False, role: str = "prefix",
-        misrouted: bool = False, upstream_delta: dict[str, float] | None = None) -> dict[str, Any]:
-    return {"tenant": tenant, "arm": arm, "phase": phase, "rep": rep, "role": role, "warmup": warmup,
-            "prompt_len": 100, "status": status, "ttft_s": ttft, "total_s": 0.5, "started_at": 0.0,
-            "pool": arm, "overhead_ms": overhead, "request_id": None, "prompt_tokens": prompt,
-            "cached_tokens": cached, "error": error, "misrouted": misrouted, "upstream_delta": upstream_delta}
-
+from tests.unit.devtools.runs import LOAD, hand_run, row
 
 # -- statistics -----------------------------------------------------------------------------------------------
 
@@ -242,29 +229,8 @@ def test_a_skipped_restart_is_reported_as_skipped() -> None:
     assert restart_view(raw) == {"restarts": [], "ledger": {"skipped": "no restart hook"}}
 
 
-def _raw_run() -> RawRun:
-    scenario = Scenario(name="hand", tenants=[TenantSpec(name="acme")], prefix_tokens=100).model_dump(mode="json")
-    requests = [row(arm="offload", ttft=0.1, cached=90, upstream_delta={LOAD: 2e6}),
-                row(arm="control", ttft=0.3, cached=0),
-                row(arm="offload", phase="cold", ttft=1.0, overhead=2.0),
-                row(arm="control", phase="cold", ttft=1.0, overhead=4.0),
-                row(arm="offload", ttft=5.0, warmup=True)]
-    gateway = {"return": {'kvgate_ttft_seconds_sum{pool="offload"}': 0.2, 'kvgate_ttft_seconds_count{pool="offload"}':
-                          2.0}}
-    upstream = {"offload": {"return": {"vllm:time_to_first_token_seconds_sum": 0.08,
-                                       "vllm:time_to_first_token_seconds_count": 1.0, LOAD: 2e6}}}
-    return RawRun(scenario, {"mode": "test"}, 3, requests=requests, upstream_metrics_delta=upstream,
-                  gateway_metrics_delta=gateway,
-                  gateway_run_delta={"kvgate_overhead_seconds_sum": 0.006, "kvgate_overhead_seconds_count": 4.0},
-                  audit_final={"tenants": {"acme": {"CPU": {"stored": 12, "resident": 3}}}, "gaps": []},
-                  timeline=[{"t": 1.0, "label": "start", "phase": None, "rep": None,
-                             "ledger": {"acme": {"CPU": {"resident": 3, "stored": 12}}},
-                             "memory": {"arms": {}, "host_mem_available_bytes": None}}],
-                  started_at=100.0, finished_at=160.0)
-
-
 def test_the_whole_report_of_a_hand_run() -> None:
-    report = build_report(_raw_run())
+    report = build_report(hand_run())
     assert report["schema"] == "kvgate-loadtest/1" and report["duration_s"] == 60.0
     assert report["phases"]["return"]["delta_ttft_p50_s"] == pytest.approx(-0.2)
     overhead = report["gateway_overhead"]

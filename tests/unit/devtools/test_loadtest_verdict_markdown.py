@@ -11,7 +11,7 @@ import pytest
 from gateway.devtools.loadtest.markdown import render_markdown, table
 from gateway.devtools.loadtest.summary import build_report
 from gateway.devtools.loadtest.verdict import fmt_bytes, tenant_verdict, verdicts
-from tests.unit.devtools.test_loadtest_summary import _raw_run
+from tests.unit.devtools.runs import hand_run
 
 LOAD = "vllm:kv_offload_load_bytes_total"
 
@@ -114,7 +114,7 @@ def test_table(header: list[str], rows: list[list[str]], text: str) -> None:
 
 
 def _markdown(change: dict[str, Any] | None = None, plots: dict[str, str] | None = None) -> str:
-    report = build_report(_raw_run())
+    report = build_report(hand_run())
     for key, value in (change or {}).items():
         report[key] = value
     return render_markdown(report, plots or {"ttft_by_phase.png": "ok"})
@@ -190,7 +190,7 @@ def test_memory_peaks_per_arm() -> None:
 
 
 def test_the_direct_baseline_line() -> None:
-    report = build_report(_raw_run())
+    report = build_report(hand_run())
     report["gateway_overhead"]["direct_vs_gateway"] = {
         "pairs": 2, "direct_ttft_p50_s": 0.15, "gateway_ttft_p50_s": 0.165, "added_ttft_p50_s": 0.015,
         "added_ttft_ci95_s": [0.01, 0.02], "share_of_direct_p50": 0.1}
@@ -209,7 +209,7 @@ def test_plots_not_drawn_are_listed_with_why() -> None:
 
 
 def test_how_it_ran_lists_the_environment_sorted_and_the_checks() -> None:
-    report = build_report(_raw_run())
+    report = build_report(hand_run())
     report["environment"] = {"mode": "test", "zeta": 1, "alpha": "x"}
     section = _section(render_markdown(report, {}), "How it ran")
     assert "- Scenario `hand`: 1 tenants, prefix 100 tokens, 3 pressure prompts of 8000 tokens" in section
@@ -220,7 +220,7 @@ def test_how_it_ran_lists_the_environment_sorted_and_the_checks() -> None:
 
 
 def test_the_description_follows_the_title() -> None:
-    report = build_report(_raw_run())
+    report = build_report(hand_run())
     scenario = copy.deepcopy(report["scenario"])
     scenario["description"] = "  Two tenants, one GPU.\n"
     report["scenario"] = scenario

@@ -20,8 +20,9 @@ from gateway.devtools.loadtest.workload_run import MEASURED, WorkloadResult, Wor
 from gateway.devtools.loadtest.workloads import HotSetWorkload, WorkloadSpec, generate
 from gateway.plan.build import PlanInputs, build_plan
 from gateway.plan.plot import draw_curve
-from tests.unit.devtools.test_loadtest_summary import _raw_run
-from tests.unit.plan.test_build_units import doc_twice
+from tests.unit.devtools.runs import hand_run
+from tests.unit.loopback import serving
+from tests.unit.plan.traces import doc_twice
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -71,17 +72,9 @@ SPEC = WorkloadSpec(shape=HotSetWorkload(hot_docs=2, doc_tokens=30, one_off_shar
 
 def _replay(server: PromptCache, spec: WorkloadSpec, metrics: bool = True) -> WorkloadResult:
     async def run() -> WorkloadResult:
-        runner = web.AppRunner(server.app())
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-        try:
-            async with httpx.AsyncClient(timeout=10.0) as http:
-                target = WorkloadTarget(url, "key-1", "m", 1, f"{url}/metrics" if metrics else None)
-                return await run_workload(http, target, spec)
-        finally:
-            await runner.cleanup()
+        async with serving(server.app()) as url, httpx.AsyncClient(timeout=10.0) as http:
+            target = WorkloadTarget(url, "key-1", "m", 1, f"{url}/metrics" if metrics else None)
+            return await run_workload(http, target, spec)
 
     return asyncio.run(run())
 
@@ -125,7 +118,7 @@ def test_without_metrics_the_shares_are_unknown_but_usage_is_kept() -> None:
 
 
 def test_the_hand_report_draws_every_plot(tmp_path: Path) -> None:
-    report = build_report(_raw_run())
+    report = build_report(hand_run())
     report["memory"] = [{"t": 10.0, "arms": {"offload": {"rss_bytes": 2e9}, "control": {"rss_bytes": 1e9}}},
                         {"t": 20.0, "arms": {"offload": {"rss_bytes": 3e9}}}]
     report["restart"] = {"restarts": [{"finished_at": 15.0}]}
@@ -135,7 +128,7 @@ def test_the_hand_report_draws_every_plot(tmp_path: Path) -> None:
 
 
 def test_an_empty_report_says_why_each_plot_is_missing(tmp_path: Path) -> None:
-    report = build_report(_raw_run())
+    report = build_report(hand_run())
     report = {**copy.deepcopy(report), "phases": {}, "upstream_metrics_delta": {}, "ledger_timeline": []}
     assert draw_all(report, tmp_path) == {
         "ttft_by_phase.png": "no data: no measured phase",

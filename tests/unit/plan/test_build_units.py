@@ -14,18 +14,7 @@ import pytest
 from gateway.plan.build import PlanInputs, build_plan
 from gateway.plan.kvsize import ModelShape, ServerCache
 from gateway.reuse.record import TraceRecord
-from tests.unit.plan.traces import BLOCK, blocks, rec
-
-BPT = 1000  # KV bytes per token, one rank
-CHUNK_BYTES = 64 * BPT
-ONE_BLOCK_GPU = ServerCache(block_size=BLOCK, num_gpu_blocks=1, kv_cache_size_tokens=BLOCK,
-                            kv_cache_memory_bytes=BLOCK * BPT, offloading_backend="native", offloading_size_gib=None,
-                            cache_dtype="auto")
-
-
-def doc_twice(**fields: Any) -> list[TraceRecord]:
-    names = blocks("doc", 8)
-    return [rec(names, ts=0.0, cached=0, **fields), rec(names, ts=1800.0, cached=16, **fields)]
+from tests.unit.plan.traces import BLOCK, BPT, ONE_BLOCK_GPU, blocks, doc_twice, rec
 
 
 def plan_of(records: list[TraceRecord] | None = None, **inputs: Any) -> dict[str, Any]:

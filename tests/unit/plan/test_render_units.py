@@ -9,7 +9,7 @@ import pytest
 
 from gateway.plan.build import PlanInputs, build_plan
 from gateway.plan.render import render
-from tests.unit.plan.test_build_units import ONE_BLOCK_GPU, doc_twice
+from tests.unit.plan.traces import ONE_BLOCK_GPU, doc_twice
 
 
 def _plan(**inputs: Any) -> dict[str, Any]:

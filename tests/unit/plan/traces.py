@@ -4,7 +4,9 @@ block sequence it replays ("doc:0", "doc:1", ...) and its oracle can be worked o
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
+from gateway.plan.kvsize import ServerCache
 from gateway.reuse.record import TraceRecord
 
 BLOCK = 16
@@ -27,3 +29,16 @@ def rec(names: list[str], *, ts: float = 0.0, prompt: int | None = None, tenant:
                        cached_tokens=cached, completion_tokens=completion, text=text, chunk_units=BLOCK,
                        tokens_per_chunk=per_chunk, rate=rate, chain=b"".join(fingerprint(n) for n in names),
                        max_offload_tokens=max_offload, max_load_tokens=max_load)
+
+
+BPT = 1000  # KV bytes per token, one rank, of the hand-worked plans
+ONE_BLOCK_GPU = ServerCache(block_size=BLOCK, num_gpu_blocks=1, kv_cache_size_tokens=BLOCK,
+                            kv_cache_memory_bytes=BLOCK * BPT, offloading_backend="native", offloading_size_gib=None,
+                            cache_dtype="auto")
+
+
+def doc_twice(**fields: Any) -> list[TraceRecord]:
+    """The hand trace of the plan tests: a 128-token document (8 blocks, 2 chunks of 64) sent twice, 1,800 s
+    apart; with ONE_BLOCK_GPU the second hits 16 tokens on the GPU and a 2-chunk tier serves the other 112."""
+    names = blocks("doc", 8)
+    return [rec(names, ts=0.0, cached=0, **fields), rec(names, ts=1800.0, cached=16, **fields)]

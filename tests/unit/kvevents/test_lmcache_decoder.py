@@ -202,15 +202,27 @@ def test_gpu_removals_and_clears_pass_through_unchanged(medium: str | None) -> N
 # --- what the typed path refuses -----------------------------------------------------------------------------------
 
 
+def test_a_map_event_only_vllms_decoding_can_read_is_kept_without_attribution() -> None:
+    odd = {**chunk(71, TOKENS[:8]), "token_ids": "not ids"}
+    events = LMCacheDecoder().decode(batch(gpu([1, 2], TOKENS[:8]), odd)).events
+    assert events[-1] == BlockStored([71], None, "cpu")
+
+
 def test_array_encoded_payloads_fall_back_to_the_plain_vllm_decoding() -> None:
     payload = msgspec.msgpack.encode([3.0, [["BlockStored", [70], None, [1, 2], 8, None, "cpu"]]])
     assert LMCacheDecoder().decode(payload) == BatchDecoder().decode(payload)
     assert LMCacheDecoder().decode(payload) == EventBatch(3.0, [BlockStored([70], None, "cpu")], 0)
 
 
-def test_an_unknown_event_type_is_skipped_and_counted_through_the_fallback() -> None:
-    payload = batch(chunk(70, TOKENS[:8]), {"type": "SomethingNew"})
-    assert LMCacheDecoder().decode(payload) == EventBatch(7.5, [BlockStored([70], None, "cpu")], 1)
+@pytest.mark.parametrize("odd_event", [{"type": "SomethingNew"}, {"type": "BlockStored", "block_hashes": "x"},
+                                       ["NewArrayType", [1]], "not an event"])
+def test_one_event_the_decoder_cannot_read_costs_only_itself(odd_event: Any) -> None:
+    """Wrong version: one unknown event sends the whole batch to the plain vLLM decoding, so its chunks lose their
+    owner and keep LMCache's raw medium names (a disk chunk reported on medium LOCALDISKBACKEND)."""
+    payload = batch(gpu([1, 2], TOKENS[:8]), odd_event, chunk(70, TOKENS[:8], medium="LocalDiskBackend"))
+    events = LMCacheDecoder().decode(payload)
+    assert events == EventBatch(7.5, [BlockStored([1, 2], None, "GPU", [["salt-a"], None]),
+                                      BlockStored([owned_hash(["salt-a"], 70)], None, "DISK", [["salt-a"]])], 1)
 
 
 @pytest.mark.parametrize("payload", [b"", b"\xc1", msgspec.msgpack.encode({"ts": 1})])

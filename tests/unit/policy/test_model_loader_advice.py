@@ -17,8 +17,10 @@ from gateway.policy.loader import PolicyLoadError, PolicySet, directory_version,
 from gateway.policy.model import (
     AdmissionPolicy,
     CachePolicy,
+    CanaryPolicy,
     GatewayConfig,
     KeyEntry,
+    OffloadPolicy,
     PoolConfig,
     RolloutPolicy,
     ShadowPolicy,
@@ -109,6 +111,34 @@ def test_gateway_problems(data: dict[str, Any], message: str) -> None:
 ])
 def test_tenant_field_problems(model: type[Any], data: dict[str, Any], message: str) -> None:
     assert message in first_error(model, data)[1]
+
+
+NUMERIC_FIELDS = [
+    (GatewayConfig, {"pools": {"p": {"upstreams": ["http://a"]}}, "default_pool": "p"}, ("max_body_bytes",), 1024),
+    (CachePolicy, {}, ("salt_epoch",), 2),
+    (OffloadPolicy, {}, ("max_load_tokens",), 0),
+    (OffloadPolicy, {}, ("max_offload_tokens",), 512),
+    (OffloadPolicy, {}, ("retention_seconds",), 600),
+    (AdmissionPolicy, {}, ("window_s",), 60),
+    (AdmissionPolicy, {}, ("min_seen",), 2),
+    (AdmissionPolicy, {}, ("prefix_chunks",), 3),
+    (RolloutPolicy, {"else_pool": "b"}, ("percent",), 50),
+    (ShadowPolicy, {"pool": "p"}, ("sample",), 1),
+    (ShadowPolicy, {}, ("max_in_flight",), 2),
+    (CanaryPolicy, {}, ("interval_s",), 60),
+    (CanaryPolicy, {}, ("prefix_tokens",), 512),
+    (CanaryPolicy, {}, ("settle_s",), 1),
+]
+
+
+@pytest.mark.parametrize(("model", "base", "loc", "number"), NUMERIC_FIELDS)
+@pytest.mark.parametrize("shape", ["yes", "quoted"])
+def test_a_number_written_as_a_boolean_or_a_string_is_refused(model: type[Any], base: dict[str, Any],
+                                                              loc: tuple[str], number: int, shape: str) -> None:
+    """Wrong version: lax coercion reads `salt_epoch: yes` as epoch 1 and `max_offload_tokens: "512"` as 512."""
+    assert getattr(model.model_validate({**base, loc[0]: number}), loc[0]) == number  # a YAML number is fine
+    value: object = True if shape == "yes" else str(number)
+    assert first_error(model, {**base, loc[0]: value})[0] == loc
 
 
 @pytest.mark.parametrize("name", ["a", "0", "a" * 63, "acme-corp_2"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -231,20 +230,6 @@ def test_a_floor_raised_by_another_replica_is_learnt_from_the_refusal(tmp_path: 
     asyncio.run(run())
 
 
-class Unreachable:
-    """A floor store whose every call fails as an unreachable store does (a real one: Redis on a dead port)."""
-
-    def __init__(self) -> None:
-        self.client = client_on(free_port())
-        self.store = RedisFloorStore(self.client)
-
-    async def check_and_raise(self, epochs: Mapping[str, int]) -> dict[str, int]:
-        return await self.store.check_and_raise(epochs)
-
-    async def floors(self) -> dict[str, int]:
-        return await self.store.floors()
-
-
 def test_while_the_store_is_away_the_guard_checks_cached_floors_and_settles_later(tmp_path: Path) -> None:
     async def run() -> None:
         port = free_port()
@@ -287,11 +272,11 @@ def test_installs_raise_the_cached_floors_and_mark_them_for_settling(tmp_path: P
 
 def test_a_start_with_no_store_and_nothing_cached_admits_and_remembers() -> None:
     async def run() -> None:
-        unreachable = Unreachable()
-        guard = EpochFloorGuard(unreachable)
+        client = client_on(free_port())  # a real Redis client with nothing listening
+        guard = EpochFloorGuard(RedisFloorStore(client))
         await guard.start(policies(a=2))
         assert guard.cached == {"a": 2}
         assert guard.check_cached(policies(a=1)) != []
-        await unreachable.client.aclose()
+        await client.aclose()
 
     asyncio.run(run())

@@ -174,10 +174,6 @@ def test_a_payload_that_is_not_a_batch_raises_a_wire_error_saying_why(payload: b
     assert str(raised.value).startswith(message)
 
 
-def test_a_wire_error_is_a_value_error_so_callers_can_catch_either() -> None:
-    assert issubclass(WireError, ValueError)
-
-
 def test_one_decoder_serves_many_payloads_without_carrying_state() -> None:
     decoder = BatchDecoder()
     first = decoder.decode(encode([1.0, [{"type": "Unknown"}]]))

@@ -18,7 +18,7 @@ from gateway.proxy.sse import Usage
 from gateway.reuse.fingerprint import FINGERPRINT_BYTES, PromptParts, fingerprints, tenant_trace_key
 from gateway.reuse.record import TraceRecord, encode_record
 from gateway.reuse.store import SqliteTraceStore
-from gateway.reuse.trace import ReuseTrace, TraceMetrics, TraceSettings
+from gateway.reuse.trace import FinishedRequest, ReuseTrace, TraceMetrics, TraceSettings, TransferCaps
 from gateway.storage import Storage
 
 SECRET = b"unit-secret-of-at-least-32-bytes!!"
@@ -39,6 +39,11 @@ async def new_trace(tmp_path: Path, **changes: object) -> tuple[ReuseTrace, Stor
     trace_settings = TraceSettings(**changes)  # type: ignore[arg-type]
     current = policy_set()
     return ReuseTrace(store, SECRET, trace_settings, TraceMetrics(registry), lambda: current), storage, registry
+
+
+def finished(epoch: int, parts: PromptParts | None, usage: Usage | None, user: str | None = None,
+             caps: TransferCaps = (None, None)) -> FinishedRequest:
+    return FinishedRequest("acme", epoch, "p", parts, usage, user, caps)
 
 
 def counted(registry: CollectorRegistry, outcome: str) -> float:
@@ -62,7 +67,7 @@ def test_each_request_is_counted_under_one_outcome(tmp_path: Path, parts: Prompt
                                                    outcome: str) -> None:
     async def run() -> None:
         trace, storage, registry = await new_trace(tmp_path)
-        assert trace.observe("acme", 1, "p", parts, usage) == outcome
+        assert trace.observe(finished(1, parts, usage)) == outcome
         assert counted(registry, outcome) == 1
         await storage.close()
 
@@ -73,11 +78,11 @@ def test_each_request_is_counted_under_one_outcome(tmp_path: Path, parts: Prompt
 def test_a_full_queue_drops_and_counts_instead_of_growing(tmp_path: Path, bound: dict[str, int]) -> None:
     async def run() -> None:
         trace, storage, registry = await new_trace(tmp_path, **bound)
-        outcomes = [trace.observe("acme", 1, "p", PromptParts(IDS), USAGE) for _ in range(3)]
+        outcomes = [trace.observe(finished(1, PromptParts(IDS), USAGE)) for _ in range(3)]
         assert outcomes == ["sampled", "sampled", "dropped_queue_full"]
         assert counted(registry, "dropped_queue_full") == 1
         await trace.flush()  # the queue drains, so requests are taken again
-        assert trace.observe("acme", 1, "p", PromptParts(IDS), USAGE) == "sampled"
+        assert trace.observe(finished(1, PromptParts(IDS), USAGE)) == "sampled"
         await storage.close()
 
     asyncio.run(run())
@@ -88,8 +93,8 @@ def test_a_flush_writes_numbers_and_fingerprints_and_never_the_prompt(tmp_path: 
 
     async def run() -> list[TraceRecord]:
         trace, storage, _ = await new_trace(tmp_path)
-        trace.observe("acme", 1, "p", PromptParts(IDS), USAGE, caps=(512, 0))
-        trace.observe("acme", 1, "p", PromptParts(None, (secret_text,)), Usage(prompt_tokens=50))
+        trace.observe(finished(1, PromptParts(IDS), USAGE, caps=(512, 0)))
+        trace.observe(finished(1, PromptParts(None, (secret_text,)), Usage(prompt_tokens=50)))
         assert await trace.flush() is True
         records = await trace.store.read("acme", None)
         raw = await storage.sqlite_worker().run(lambda db: db.execute("SELECT * FROM reuse_trace").fetchall())
@@ -112,7 +117,7 @@ def test_users_of_a_per_user_tenant_get_chains_of_their_own(tmp_path: Path) -> N
     async def run() -> list[bytes]:
         trace, storage, _ = await new_trace(tmp_path)
         for user in ("alice", "bob", None):
-            trace.observe("acme", 1, "p", PromptParts(IDS), USAGE, user=user)
+            trace.observe(finished(1, PromptParts(IDS), USAGE, user=user))
         await trace.flush()
         chains = [record.chain for record in await trace.store.read("acme", None)]
         await storage.close()
@@ -127,11 +132,11 @@ def test_users_of_a_per_user_tenant_get_chains_of_their_own(tmp_path: Path) -> N
 def test_a_raised_epoch_erases_what_is_queued_and_stored_below_it(tmp_path: Path) -> None:
     async def run() -> None:
         trace, storage, _ = await new_trace(tmp_path)
-        trace.observe("acme", 1, "p", PromptParts(IDS), USAGE)
+        trace.observe(finished(1, PromptParts(IDS), USAGE))
         await trace.flush()
-        trace.observe("acme", 1, "p", PromptParts(IDS[:32]), USAGE)  # queued, not yet written
+        trace.observe(finished(1, PromptParts(IDS[:32]), USAGE))  # queued, not yet written
         trace.on_policies(policy_set(epoch=2))  # `tenant forget`
-        trace.observe("acme", 2, "p", PromptParts(IDS[:16]), USAGE)
+        trace.observe(finished(2, PromptParts(IDS[:16]), USAGE))
         await trace.flush()
         records = await trace.store.read("acme", None)
         assert [(record.epoch, record.chunks) for record in records] == [(2, 1)]

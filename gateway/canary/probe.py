@@ -87,8 +87,11 @@ def external_hits(metrics_text: str) -> float | None:
     for line in metrics_text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in EXTERNAL_HIT_FAMILIES:
+            # the value is the first field after the labels; an optional timestamp may follow it
+            _, brace, after = line.rpartition("}")
+            fields = (after if brace else line[len(name):]).split()
             try:
-                value = float(line.rsplit(" ", 1)[1])
+                value = float(fields[0])
             except (IndexError, ValueError):
                 continue
             total = value if total is None else total + value

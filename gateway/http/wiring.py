@@ -14,7 +14,7 @@ import aiohttp
 from gateway.canary.runner import CanaryRunner
 from gateway.epochs.floor import open_floor_store
 from gateway.epochs.guard import EpochFloorGuard
-from gateway.http.workers import IngesterClient, SaltAnnouncer, SaltInbox, WorkerLedger, WorkerRole
+from gateway.http.workers import IngesterClient, SiblingSalts, WorkerRole
 from gateway.ledger.feature import UserSaltFeature
 from gateway.ledger.service import LedgerService
 from gateway.limits.rate import open_rate_limiter
@@ -68,6 +68,7 @@ class State:
     ready: bool = True
     role: WorkerRole | None = None  # set under `serve --workers N`
     ingester: IngesterClient | None = None  # workers other than the ingesting one forward some admin routes
+    sibling_salts: SiblingSalts | None = None  # user-salt digests passed between workers
 
 
 async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, genai: OtelGenAIMetrics | None,
@@ -94,7 +95,7 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     session = new_session(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
     tasks = TaskSupervisor("gateway")
     tasks.spawn(holder.watch(settings.reload_interval_s), "policy-watch")
-    ledger = await _ledger(settings, metrics, holder, tasks, role)
+    ledger, sibling_salts = await _ledger(settings, metrics, holder, tasks, role)
     health = UpstreamHealth()
     shadow = _shadow_runner(settings, metrics, health, tasks, await open_shadow_store(storage))
     admission = Admission.on(storage, secret, settings.admission_sketch_width)
@@ -113,21 +114,15 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
         metrics.worker_restarts.inc()
     ingester = None if ingests or role is None else IngesterClient(role.ingester_socket)
     return State(holder, metrics, session, proxy, features, tasks, shadow, ledger, storage, canary, limits, reuse,
-                 floors, role=role, ingester=ingester)
+                 floors, role=role, ingester=ingester, sibling_salts=sibling_salts)
 
 
 async def _ledger(settings: Settings, metrics: GatewayMetrics, holder: PolicyHolder, tasks: TaskSupervisor,
-                  role: WorkerRole | None) -> LedgerService:
+                  role: WorkerRole | None) -> tuple[LedgerService, SiblingSalts | None]:
     if role is None:
-        return await LedgerService.open(settings, metrics, holder, tasks)
-    ledger = await WorkerLedger.open(settings, metrics, holder, tasks, ingest=role.ingests)
-    if not isinstance(ledger, WorkerLedger):  # `open` builds an instance of the class it is called on
-        raise TypeError(f"expected a WorkerLedger, got {type(ledger).__name__}")
-    if role.salt_inbox_fd is not None:
-        ledger.inbox = SaltInbox(role.salt_inbox_fd)
-    if not role.ingests:
-        ledger.announcer = SaltAnnouncer(role.salt_socket, metrics.salt_announcements_failed.inc)
-    return ledger
+        return await LedgerService.open(settings, metrics, holder, tasks), None
+    ledger = await LedgerService.open(settings, metrics, holder, tasks, ingest=role.ingests)
+    return ledger, SiblingSalts(role, ledger, metrics.salt_announcements_failed.inc)
 
 
 def _canary(session: aiohttp.ClientSession, secret: bytes, metrics: GatewayMetrics, holder: PolicyHolder,
@@ -187,6 +182,8 @@ def _shadow_runner(
 async def stop(state: State) -> None:
     state.ready = False
     await state.ledger.close()
+    if state.sibling_salts is not None:
+        state.sibling_salts.close()
     await state.tasks.close()
     if state.reuse is not None:
         await state.reuse.close()

@@ -28,7 +28,6 @@ import msgspec
 
 from gateway.asgi.io import Scope
 from gateway.errors import GatewayError
-from gateway.kvevents.wire import EventBatch
 from gateway.ledger.records import SaltDigestEntry
 from gateway.ledger.service import LedgerService
 from gateway.log import get_logger
@@ -153,23 +152,20 @@ class SaltInbox:
         self._socket.close()
 
 
-class WorkerLedger(LedgerService):
-    """The ledger in a worker: announces the salts it issues (others), or learns them before each batch (0)."""
+class SiblingSalts:
+    """Connects a worker's ledger to its siblings: worker 0 learns the digests queued for it before each batch
+    of events; every other worker announces each digest it issues."""
 
-    announcer: SaltAnnouncer | None = None
-    inbox: SaltInbox | None = None
+    def __init__(self, role: WorkerRole, ledger: LedgerService, failed: Callable[[], None]) -> None:
+        self.inbox = SaltInbox(role.salt_inbox_fd) if role.salt_inbox_fd is not None else None
+        self.announcer = None if role.ingests else SaltAnnouncer(role.salt_socket, failed)
+        inbox, announcer = self.inbox, self.announcer
+        if inbox is not None:
+            ledger.ingest.before_batch = lambda: ledger.salts.learn(inbox.drain())
+        if announcer is not None:
+            ledger.salts.issued = announcer.announce
 
-    def issued(self, entry: SaltDigestEntry) -> None:
-        if self.announcer is not None:
-            self.announcer.announce(entry)
-
-    async def deliver(self, source: str, seq: int, batch: EventBatch, received_at: float | None = None) -> None:
-        if self.inbox is not None:
-            self.learn_salts(self.inbox.drain())
-        await super().deliver(source, seq, batch, received_at)
-
-    async def close(self) -> None:
-        await super().close()
+    def close(self) -> None:
         for end in (self.announcer, self.inbox):
             if end is not None:
                 end.close()

@@ -71,6 +71,15 @@ class _CiBars:
         axes.bar(self.xs, self.heights, width, yerr=[self.below, self.above], **style)
 
 
+def _label_phase_bars(axes: Any, phases: Sequence[str], ylabel: str, title: str) -> None:
+    """The frame of a bar plot with one group of bars per phase."""
+    axes.set_xticks(range(len(phases)), phases)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.legend()
+    axes.grid(axis="y", alpha=0.3)
+
+
 def _phases(report: dict[str, Any]) -> list[str]:
     return [phase for phase in PHASE_ORDER if phase in report["phases"]]
 
@@ -91,11 +100,8 @@ def _ttft_by_phase(axes: Any, report: dict[str, Any]) -> None:
                       and not row["warmup"] and row["role"] != "probe" and row["ttft_s"] is not None]
             axes.scatter([index + offset] * len(points), points, s=9, color="black", alpha=0.35, zorder=3)
         bars.draw(axes, width, capsize=4, color=ARM_COLORS[arm], alpha=0.85, label=arm)
-    axes.set_xticks(range(len(phases)), phases)
-    axes.set_ylabel("client TTFT, ms (bar: median, whisker: 95 % CI, dots: requests)")
-    axes.set_title("TTFT per phase and arm, through the gateway")
-    axes.legend()
-    axes.grid(axis="y", alpha=0.3)
+    _label_phase_bars(axes, phases, "client TTFT, ms (bar: median, whisker: 95 % CI, dots: requests)",
+                      "TTFT per phase and arm, through the gateway")
 
 
 def _delta_by_tenant(axes: Any, report: dict[str, Any]) -> None:
@@ -113,11 +119,8 @@ def _delta_by_tenant(axes: Any, report: dict[str, Any]) -> None:
             bars.add(index - 0.4 + width * (number + 0.5), stats["delta_ttft_p50_s"], stats["delta_ttft_ci95_s"])
         bars.draw(axes, width, capsize=3, color=TENANT_COLORS[number % len(TENANT_COLORS)], label=tenant)
     axes.axhline(0, color="black", linewidth=0.8)
-    axes.set_xticks(range(len(phases)), phases)
-    axes.set_ylabel("ΔTTFT p50 = offload − control, ms (95 % CI)")
-    axes.set_title("ΔTTFT per tenant and phase (below 0: the CPU tier helped)")
-    axes.legend()
-    axes.grid(axis="y", alpha=0.3)
+    _label_phase_bars(axes, phases, "ΔTTFT p50 = offload − control, ms (95 % CI)",
+                      "ΔTTFT per tenant and phase (below 0: the CPU tier helped)")
 
 
 def _offload_bytes(axes: Any, report: dict[str, Any]) -> None:
@@ -132,11 +135,8 @@ def _offload_bytes(axes: Any, report: dict[str, Any]) -> None:
         values = [deltas[phase].get(name, 0.0) / 1e9 for phase in phases]
         bars = axes.bar([i + offset for i in range(len(phases))], values, width, label=label, color=color)
         axes.bar_label(bars, fmt="%.2f", fontsize=8)
-    axes.set_xticks(range(len(phases)), phases)
-    axes.set_ylabel("GB moved, summed over repetitions")
-    axes.set_title("Offload arm: vllm:kv_offload_{load,store}_bytes_total per phase")
-    axes.legend()
-    axes.grid(axis="y", alpha=0.3)
+    _label_phase_bars(axes, phases, "GB moved, summed over repetitions",
+                      "Offload arm: vllm:kv_offload_{load,store}_bytes_total per phase")
 
 
 PHASE_SHADES = {"cold": "#deebf7", "repeat": "#e5f5e0", "pressure": "#fee6ce", "return": "#efedf5",

@@ -87,11 +87,14 @@ def test_the_log_is_appended_across_restarts(tmp_path: Path) -> None:
     assert log.read_text() == "earlier run\nrun\nrun\n"
 
 
-@pytest.mark.parametrize(("inherit", "home_seen"), [(True, "True"), (False, "False")])
-def test_run_server_gives_exactly_the_environment_asked_for(tmp_path: Path, inherit: bool, home_seen: str) -> None:
+@pytest.mark.parametrize(("drop_prefixes", "home_seen"), [((), "True"), (("HO",), "False")])
+def test_run_server_gives_exactly_the_environment_asked_for(
+    tmp_path: Path, drop_prefixes: tuple[str, ...], home_seen: str
+) -> None:
     port = free_port()
     env = {"PROBE_VALUE": "given", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    with run_server(_argv(port), port, tmp_path / "s.log", env=env, ready_path="/", inherit=inherit) as server:
+    with run_server(_argv(port), port, tmp_path / "s.log", env=env, ready_path="/",
+                    drop_prefixes=drop_prefixes) as server:
         pid = server.popen.pid
         assert _answer(server.url) == [str(pid), "given", home_seen]
     assert server.popen.returncode is not None and _gone(pid)

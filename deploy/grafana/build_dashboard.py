@@ -175,6 +175,16 @@ EVENTS = (
     Graph("Policy reloads by result", "Policy directory loads since the gateway started; an error keeps the last "
           "good policies.", "short",
           (q("sum by (result) (kvgate_policy_reloads_total)", "{{result}}"),), stat=True),
+    Graph("Worker processes by instance", "Serving worker processes against those configured (`kvgate serve "
+          "--workers N`, docs/workers.md). Alert: KvgateWorkersMissing.", "short",
+          (q("max by (instance) (kvgate_workers)", "{{instance}} serving"),
+           q("max by (instance) (kvgate_workers_configured)", "{{instance}} configured")), width=12),
+    Graph("Worker restarts and salt hand-offs failed", "Workers that exited and were started again, and user-salt "
+          "announcements to the ingesting worker that failed, since the gateway started. Alert: "
+          "KvgateWorkerRestarted.", "short",
+          (q("sum by (instance) (kvgate_worker_restarts_total)", "{{instance}} restarts"),
+           q("sum by (instance) (kvgate_worker_salt_announcements_failed_total)", "{{instance}} salt hand-offs failed")),
+          width=12, stat=True),
     Graph("Scrape targets up", "1 when Prometheus can scrape kvgate (with its metrics key) and each vLLM server.",
           "short", (q('up{job=~"kvgate|vllm"}', "{{job}} {{instance}}"),), width=24),
 )

@@ -16,6 +16,7 @@ Redis layout under the prefix P:
                last_removed_at, has_longest, max_lifetime]    (the audit's per-epoch totals)
   P..closes    HASH tenant \x1f medium \x1f epoch \x1f closed_by -> count
   P..life:<tenant>\x1f<medium>  HASH ceil(lifetime s) -> msgpack [count, longest]   (closed records' lifetimes)
+  P..lifegroups:<tenant>\x1f<medium>  HASH floor(ceil(lifetime s) / 256) -> msgpack [count, longest]
   P..openby    HASH source \x1f tenant \x1f medium -> open records
   P..age:<source>\x1f<tenant>\x1f<medium>  ZSET id by stored_at   (open records, for ages past retention)
   P..closed    ZSET id by removed_at   (closed records still kept one by one; compaction deletes the oldest)
@@ -110,6 +111,17 @@ local function tally_unknown(rec, change)
   row[4] = row[4] + change
 end
 
+-- {count, longest} of a histogram bucket; the 1-second buckets are also summed into groups of GROUP_S seconds,
+-- so a rank or a count past retention reads the groups and one group's seconds, not every second ever seen.
+local GROUP_S = 256
+local function add_to_bucket(key, bucket, delta)
+  local packed = redis.call("HGET", key, bucket)
+  local seen = packed and cmsgpack.unpack(packed) or {0, delta[2]}
+  seen[1] = seen[1] + delta[1]
+  if delta[2] > seen[2] then seen[2] = delta[2] end
+  redis.call("HSET", key, bucket, cmsgpack.pack(seen))
+end
+
 local function write_tallies()
   local key_tally = prefix .. "tally"
   for key, delta in pairs(tally) do
@@ -130,14 +142,11 @@ local function write_tallies()
     redis.call("SADD", prefix .. "aggkeys", key)
   end
   for pair, buckets in pairs(lifetimes) do
-    local key = prefix .. "life:" .. pair
-    redis.call("SADD", prefix .. "aggkeys", key)
+    local key, groups = prefix .. "life:" .. pair, prefix .. "lifegroups:" .. pair
+    redis.call("SADD", prefix .. "aggkeys", key, groups)
     for bucket, delta in pairs(buckets) do
-      local packed = redis.call("HGET", key, bucket)
-      local seen = packed and cmsgpack.unpack(packed) or {0, delta[2]}
-      seen[1] = seen[1] + delta[1]
-      if delta[2] > seen[2] then seen[2] = delta[2] end
-      redis.call("HSET", key, bucket, cmsgpack.pack(seen))
+      add_to_bucket(key, bucket, delta)
+      add_to_bucket(groups, tostring(math.floor(tonumber(bucket) / GROUP_S)), delta)
     end
   end
 end
@@ -385,6 +394,82 @@ end
 local current = redis.call("GET", prefix .. "compacted_before")
 if not current or before > tonumber(current) then redis.call("SET", prefix .. "compacted_before", ARGV[2]) end
 return #ids
+"""
+
+LIFETIME_STATS_LUA = r"""
+-- Read only. ARGV: prefix, then per (tenant, medium): "tenant\31medium", retention ("" for none). Per pair:
+-- {total, p50, p99, longest, outlived} with the lifetimes as "%.17g" text (Lua numbers would come back
+-- truncated to integers): the nearest-rank percentiles are the longest lifetime of the 1-second bucket holding
+-- the rank, and `outlived` counts the buckets above the retention, as the SQLite store computes them.
+local prefix = ARGV[1]
+local GROUP_S = 256
+
+local fetched = {}
+local function buckets_of(pair, group)
+  local cache_key = pair .. "\31" .. group
+  if fetched[cache_key] then return fetched[cache_key] end
+  local fields = {}
+  for second = group * GROUP_S, group * GROUP_S + GROUP_S - 1 do fields[#fields + 1] = tostring(second) end
+  local values = redis.call("HMGET", prefix .. "life:" .. pair, unpack(fields))
+  local found = {}
+  for i = 1, #values do
+    if values[i] then
+      local seen = cmsgpack.unpack(values[i])
+      found[#found + 1] = {group * GROUP_S + i - 1, seen[1], seen[2]}
+    end
+  end
+  fetched[cache_key] = found
+  return found
+end
+
+local function stats(pair, limit)
+  local raw = redis.call("HGETALL", prefix .. "lifegroups:" .. pair)
+  local groups, total, longest = {}, 0, nil
+  for i = 1, #raw, 2 do
+    local seen = cmsgpack.unpack(raw[i + 1])
+    groups[#groups + 1] = {tonumber(raw[i]), seen[1], seen[2]}
+    total = total + seen[1]
+    if longest == nil or seen[2] > longest then longest = seen[2] end
+  end
+  if total == 0 then return {0, "0", "0", "0", 0} end
+  table.sort(groups, function(a, b) return a[1] < b[1] end)
+  local function ranked(rank)
+    local seen = 0
+    for _, group in ipairs(groups) do
+      if seen + group[2] >= rank then
+        for _, bucket in ipairs(buckets_of(pair, group[1])) do
+          seen = seen + bucket[2]
+          if seen >= rank then return bucket[3] end
+        end
+      end
+      seen = seen + group[2]
+    end
+    return longest
+  end
+  local outlived = 0
+  if limit then
+    local first = math.floor(limit) + 1  -- the first whole second above the retention
+    local boundary = math.floor(first / GROUP_S)
+    for _, group in ipairs(groups) do
+      if group[1] > boundary then
+        outlived = outlived + group[2]
+      elseif group[1] == boundary then
+        for _, bucket in ipairs(buckets_of(pair, group[1])) do
+          if bucket[1] > limit then outlived = outlived + bucket[2] end
+        end
+      end
+    end
+  end
+  local p50 = ranked(math.max(1, math.ceil(0.50 * total)))
+  local p99 = ranked(math.max(1, math.ceil(0.99 * total)))
+  return {total, string.format("%.17g", p50), string.format("%.17g", p99), string.format("%.17g", longest), outlived}
+end
+
+local out = {}
+for i = 2, #ARGV, 2 do
+  out[#out + 1] = stats(ARGV[i], tonumber(ARGV[i + 1]))
+end
+return out
 """
 
 REMEMBER_SALTS_LUA = r"""

@@ -8,7 +8,6 @@ keeps the batches in its spool meanwhile.
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple, TypeVar
@@ -40,7 +39,7 @@ from gateway.ledger.records import (
     TallyRow,
     TenantPolicyRecord,
 )
-from gateway.ledger.redis_script import APPLY_LUA, BACKFILL_LUA, COMPACT_LUA, REMEMBER_SALTS_LUA
+from gateway.ledger.redis_script import APPLY_LUA, BACKFILL_LUA, COMPACT_LUA, LIFETIME_STATS_LUA, REMEMBER_SALTS_LUA
 
 T = TypeVar("T")
 DEFAULT_PREFIX = "kvgate:ledger:"
@@ -66,6 +65,7 @@ class RedisStore:
         self._remember = client.register_script(REMEMBER_SALTS_LUA)
         self._backfill = client.register_script(BACKFILL_LUA)
         self._compact = client.register_script(COMPACT_LUA)
+        self._lifetimes = client.register_script(LIFETIME_STATS_LUA)
 
     @classmethod
     async def open(cls, url: str, prefix: str = DEFAULT_PREFIX, timeout_s: float = 2.0) -> RedisStore:
@@ -207,17 +207,23 @@ class RedisStore:
         closed_pairs: dict[tuple[str, str], int] = {}
         for row in tallies:
             closed_pairs[(row.tenant, row.medium)] = closed_pairs.get((row.tenant, row.medium), 0) + row.removed
-        lifetimes = {pair: await self._lifetime_stats(pair, limits.get(pair[0]))
-                     for pair, removed in closed_pairs.items() if removed > 0}
+        lifetimes = await self._lifetime_stats([pair for pair, removed in closed_pairs.items() if removed > 0], limits)
         overdue, oldest = await self._open_ages(raw_openby, limits, offsets, now, tenant)
         return LedgerSummary(tallies, closes, lifetimes, overdue, oldest,
                              float(compacted) if compacted is not None else None)
 
-    async def _lifetime_stats(self, pair: tuple[str, str], limit: float | None) -> LifetimeStats:
-        async with self._guard():
-            raw = await _resolved(self.client.hgetall(self._key("life:" + SEP.join(pair))))
-        buckets = sorted((int(ceil_s), *msgspec.msgpack.decode(packed)) for ceil_s, packed in raw.items())
-        return lifetime_stats([(ceil_s, int(count), float(high)) for ceil_s, count, high in buckets], limit)
+    async def _lifetime_stats(
+        self, pairs: list[tuple[str, str]], limits: dict[str, float],
+    ) -> dict[tuple[str, str], LifetimeStats]:
+        """Ranks and counts computed by Redis over each (tenant, medium)'s histogram; five numbers come back."""
+        if not pairs:
+            return {}
+        args: list[Any] = [self.prefix]
+        for tenant, medium in pairs:
+            limit = limits.get(tenant)
+            args += [SEP.join((tenant, medium)), "" if limit is None else repr(float(limit))]
+        rows = await self._call(self._lifetimes, args=args)
+        return {pair: _lifetime_row(row) for pair, row in zip(pairs, rows, strict=True)}
 
     async def _open_ages(
         self, raw_openby: dict[bytes, bytes], limits: dict[str, float], offsets: dict[str, float], now: float,
@@ -378,24 +384,11 @@ def _close_count(field: bytes, count: bytes) -> CloseCount:
     return CloseCount(tenant, medium, _epoch(int(epoch)), closed_by, int(count))
 
 
-def lifetime_stats(buckets: list[tuple[int, int, float]], limit: float | None) -> LifetimeStats:
-    """(ceil_s, count, longest) buckets in ceil_s order -> nearest-rank p50/p99 (the longest lifetime of the
-    bucket holding the rank), the longest, and how many outlived `limit` (as `sqlite_tally._lifetime_stats`)."""
-    total = sum(count for _ceil, count, _high in buckets)
-    if not total:
+def _lifetime_row(row: list[Any]) -> LifetimeStats:
+    total, p50, p99, longest, outlived = row
+    if not int(total):
         return LifetimeStats(0.0, 0.0, 0.0, 0)
-
-    def ranked(rank: int) -> float:
-        seen = 0
-        for _ceil, count, high in buckets:
-            seen += count
-            if seen >= rank:
-                return high
-        return buckets[-1][2]  # pragma: no cover - the ranks are at most the total
-
-    outlived = 0 if limit is None else sum(count for ceil_s, count, _high in buckets if ceil_s > limit)
-    return LifetimeStats(ranked(max(1, math.ceil(0.50 * total))), ranked(max(1, math.ceil(0.99 * total))),
-                         max(high for _ceil, _count, high in buckets), outlived)
+    return LifetimeStats(float(p50), float(p99), float(longest), int(outlived))
 
 
 def _salt_entry(row: list[Any]) -> SaltDigestEntry:

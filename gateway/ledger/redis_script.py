@@ -15,8 +15,9 @@ Redis layout under the prefix P:
   P..tally     HASH tenant \x1f medium \x1f epoch -> msgpack [stored, removed, open, unknown, has_last,
                last_removed_at, has_longest, max_lifetime]    (the audit's per-epoch totals)
   P..closes    HASH tenant \x1f medium \x1f epoch \x1f closed_by -> count
-  P..life:<tenant>\x1f<medium>  HASH ceil(lifetime s) -> msgpack [count, longest]   (closed records' lifetimes)
-  P..lifegroups:<tenant>\x1f<medium>  HASH floor(ceil(lifetime s) / 256) -> msgpack [count, longest]
+  P..life:<tenant>\x1f<medium>  HASH ceil(lifetime s) -> count   (closed records' lifetimes, 1-second buckets)
+  P..lifehigh:<tenant>\x1f<medium>  ZSET ceil(lifetime s) scored by the longest lifetime in that bucket
+  P..lifegroups:<tenant>\x1f<medium>  HASH floor(ceil(lifetime s) / 256) -> count
   P..openby    HASH source \x1f tenant \x1f medium -> open records
   P..age:<source>\x1f<tenant>\x1f<medium>  ZSET id by stored_at   (open records, for ages past retention)
   P..closed    ZSET id by removed_at   (closed records still kept one by one; compaction deletes the oldest)
@@ -46,31 +47,58 @@ local REC = prefix .. "rec"
 -- store's TallyDelta does: per call the work is one update per distinct key, not one per record.
 local tally, closes, lifetimes, openby, age_keys = {}, {}, {}, {}, {}
 
+-- Key strings are built once per call and looked up through nested tables afterwards (a Lua concatenation
+-- allocates and hashes a new string; a table lookup of strings already interned does not).
+local joined_memo, close_memo, age_memo, pair_memo = {}, {}, {}, {}
+local function joined(a, b, c)
+  local level = joined_memo[a]
+  if not level then
+    level = {}
+    joined_memo[a] = level
+  end
+  local leaf = level[b]
+  if not leaf then
+    leaf = {}
+    level[b] = leaf
+  end
+  local key = leaf[c]
+  if not key then
+    key = a .. SEP .. b .. SEP .. tostring(c)
+    leaf[c] = key
+  end
+  return key
+end
+
 local function tally_row(tenant, medium, epoch)
-  local key = tenant .. SEP .. medium .. SEP .. tostring(epoch)
+  local key = joined(tenant, medium, epoch)
   local row = tally[key]
   if not row then
     row = {0, 0, 0, 0, false, false}
     tally[key] = row
   end
-  return row
+  return row, key
 end
 
-local function add_open_by(source, tenant, medium, change)
-  local key = source .. SEP .. tenant .. SEP .. medium
+local function add_open_by(key, change)
   openby[key] = (openby[key] or 0) + change
 end
 
-local function age_key(source, tenant, medium)
-  return prefix .. "age:" .. source .. SEP .. tenant .. SEP .. medium
+local function age_key(group)
+  local key = age_memo[group]
+  if not key then
+    key = prefix .. "age:" .. group
+    age_memo[group] = key
+  end
+  return key
 end
 
 local function tally_opened(id, source, tenant, medium, epoch, stored_at)
   local row = tally_row(tenant, medium, epoch)
   row[1] = row[1] + 1
   row[3] = row[3] + 1
-  add_open_by(source, tenant, medium, 1)
-  local key = age_key(source, tenant, medium)
+  local group = joined(source, tenant, medium)
+  add_open_by(group, 1)
+  local key = age_key(group)
   redis.call("ZADD", key, stored_at, id)
   age_keys[key] = true
 end
@@ -78,22 +106,40 @@ end
 -- rec: the record before its close (its removed_at still -1)
 local function tally_closed(id, rec, at, reason)
   local source, medium, tenant, epoch, stored_at = rec[1], rec[2], rec[5], rec[6], rec[7]
-  local row = tally_row(tenant, medium, epoch)
+  local row, row_key = tally_row(tenant, medium, epoch)
   local lifetime = at - stored_at
   row[2] = row[2] + 1
   row[3] = row[3] - 1
   if (rec[12] or -1) >= 0 then row[4] = row[4] - 1 end
   if row[5] == false or at > row[5] then row[5] = at end
   if row[6] == false or lifetime > row[6] then row[6] = lifetime end
-  local close_key = tenant .. SEP .. medium .. SEP .. tostring(epoch) .. SEP .. reason
+  local by_reason = close_memo[row_key]
+  if not by_reason then
+    by_reason = {}
+    close_memo[row_key] = by_reason
+  end
+  local close_key = by_reason[reason]
+  if not close_key then
+    close_key = row_key .. SEP .. reason
+    by_reason[reason] = close_key
+  end
   closes[close_key] = (closes[close_key] or 0) + 1
-  local pair = tenant .. SEP .. medium
+  local by_medium = pair_memo[tenant]
+  if not by_medium then
+    by_medium = {}
+    pair_memo[tenant] = by_medium
+  end
+  local pair = by_medium[medium]
+  if not pair then
+    pair = tenant .. SEP .. medium
+    by_medium[medium] = pair
+  end
   local buckets = lifetimes[pair]
   if not buckets then
     buckets = {}
     lifetimes[pair] = buckets
   end
-  local bucket = tostring(math.max(0, math.ceil(lifetime)))
+  local bucket = math.max(0, math.ceil(lifetime))
   local seen = buckets[bucket]
   if not seen then
     buckets[bucket] = {1, lifetime}
@@ -101,8 +147,9 @@ local function tally_closed(id, rec, at, reason)
     seen[1] = seen[1] + 1
     if lifetime > seen[2] then seen[2] = lifetime end
   end
-  add_open_by(source, tenant, medium, -1)
-  redis.call("ZREM", age_key(source, tenant, medium), id)
+  local group = joined(source, tenant, medium)
+  add_open_by(group, -1)
+  redis.call("ZREM", age_key(group), id)
   redis.call("ZADD", prefix .. "closed", at, id)
 end
 
@@ -111,15 +158,14 @@ local function tally_unknown(rec, change)
   row[4] = row[4] + change
 end
 
--- {count, longest} of a histogram bucket; the 1-second buckets are also summed into groups of GROUP_S seconds,
--- so a rank or a count past retention reads the groups and one group's seconds, not every second ever seen.
+-- A histogram bucket: its count (HINCRBY) in P..life:<pair>, its longest lifetime as its score in the sorted
+-- set P..lifehigh:<pair> (ZADD GT: one call, raised only when it grows). The 1-second buckets' counts are also
+-- summed per GROUP_S seconds, so a rank or a count past retention reads the groups and one group's seconds.
 local GROUP_S = 256
-local function add_to_bucket(key, bucket, delta)
-  local packed = redis.call("HGET", key, bucket)
-  local seen = packed and cmsgpack.unpack(packed) or {0, delta[2]}
-  seen[1] = seen[1] + delta[1]
-  if delta[2] > seen[2] then seen[2] = delta[2] end
-  redis.call("HSET", key, bucket, cmsgpack.pack(seen))
+local function add_to_histogram(pair, bucket, delta)
+  local field = tostring(bucket)
+  redis.call("HINCRBY", prefix .. "life:" .. pair, field, delta[1])
+  redis.call("ZADD", prefix .. "lifehigh:" .. pair, "GT", delta[2], field)
 end
 
 local function write_tallies()
@@ -142,12 +188,15 @@ local function write_tallies()
     redis.call("SADD", prefix .. "aggkeys", key)
   end
   for pair, buckets in pairs(lifetimes) do
-    local key, groups = prefix .. "life:" .. pair, prefix .. "lifegroups:" .. pair
-    redis.call("SADD", prefix .. "aggkeys", key, groups)
+    local groups_key = prefix .. "lifegroups:" .. pair
+    redis.call("SADD", prefix .. "aggkeys", prefix .. "life:" .. pair, prefix .. "lifehigh:" .. pair, groups_key)
+    local groups = {}
     for bucket, delta in pairs(buckets) do
-      add_to_bucket(key, bucket, delta)
-      add_to_bucket(groups, tostring(math.floor(tonumber(bucket) / GROUP_S)), delta)
+      add_to_histogram(pair, bucket, delta)
+      local group = math.floor(bucket / GROUP_S)
+      groups[group] = (groups[group] or 0) + delta[1]
     end
+    for group, count in pairs(groups) do redis.call("HINCRBY", groups_key, tostring(group), count) end
   end
 end
 """
@@ -410,12 +459,12 @@ local function buckets_of(pair, group)
   if fetched[cache_key] then return fetched[cache_key] end
   local fields = {}
   for second = group * GROUP_S, group * GROUP_S + GROUP_S - 1 do fields[#fields + 1] = tostring(second) end
-  local values = redis.call("HMGET", prefix .. "life:" .. pair, unpack(fields))
+  local counts = redis.call("HMGET", prefix .. "life:" .. pair, unpack(fields))
+  local highs = redis.call("ZMSCORE", prefix .. "lifehigh:" .. pair, unpack(fields))
   local found = {}
-  for i = 1, #values do
-    if values[i] then
-      local seen = cmsgpack.unpack(values[i])
-      found[#found + 1] = {group * GROUP_S + i - 1, seen[1], seen[2]}
+  for i = 1, #counts do
+    if counts[i] and tonumber(counts[i]) > 0 then
+      found[#found + 1] = {group * GROUP_S + i - 1, tonumber(counts[i]), tonumber(highs[i])}
     end
   end
   fetched[cache_key] = found
@@ -424,15 +473,20 @@ end
 
 local function stats(pair, limit)
   local raw = redis.call("HGETALL", prefix .. "lifegroups:" .. pair)
-  local groups, total, longest = {}, 0, nil
+  local groups, total = {}, 0
   for i = 1, #raw, 2 do
-    local seen = cmsgpack.unpack(raw[i + 1])
-    groups[#groups + 1] = {tonumber(raw[i]), seen[1], seen[2]}
-    total = total + seen[1]
-    if longest == nil or seen[2] > longest then longest = seen[2] end
+    local count = tonumber(raw[i + 1])
+    if count > 0 then
+      groups[#groups + 1] = {tonumber(raw[i]), count}
+      total = total + count
+    end
   end
   if total == 0 then return {0, "0", "0", "0", 0} end
   table.sort(groups, function(a, b) return a[1] < b[1] end)
+  local longest = nil
+  for _, bucket in ipairs(buckets_of(pair, groups[#groups][1])) do
+    if longest == nil or bucket[3] > longest then longest = bucket[3] end
+  end
   local function ranked(rank)
     local seen = 0
     for _, group in ipairs(groups) do

@@ -1,17 +1,26 @@
 """Embedded ledger store: one SQLite file (WAL), durable across gateway restarts.
 
-Every statement runs on one dedicated thread, so the event loop never waits on disk; `kvgate audit` reads
-the same file from another process while the gateway writes.
+Two connections, each a `gateway.storage.sqlite.SqliteWorker` (one thread each, the process's one SQLite
+convention), both the ledger's own rather than the request path's shared worker:
+
+- the **writer**: flushes, compaction and the reads the writer itself needs (cursors, open blocks). A flush
+  of thousands of block records, or a compaction step, must not hold up the rate-limit and admission
+  statements of the request path, which run on the shared worker.
+- the **reader** (`query_only`): what the audit reads. In WAL mode a reader sees the last committed state
+  and never waits for the writer, so `/admin/audit` does not queue behind a flush or a compaction step. Each
+  report reads one snapshot (one read transaction), so its totals agree with each other.
+
+Compaction deletes in small rowid ranges, one short transaction each, queued behind any flush waiting, so
+neither ingestion nor the audit stalls while it runs. `kvgate audit` reads the same file from another
+process while the gateway writes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from itertools import groupby
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,11 +47,16 @@ from gateway.ledger.records import (
     SourceEvent,
     TenantPolicyRecord,
 )
+from gateway.storage.sqlite import SqliteOptions, SqliteWorker
 
 T = TypeVar("T")
 MARKER_TTL_S = 86_400.0  # applied-batch markers older than this are pruned; replays reach back far less
 PRUNE_EVERY = 500  # flushes
 BUSY_TIMEOUT_MS = 10_000  # past this, "database is locked" is raised and the writer retries later
+# Page cache and memory-mapped reads for each connection: a ledger of 10M records is ~2 GB, and its open-block
+# indexes take inserts at random places, which with SQLite's 2 MiB default cache cost a read per insert.
+CACHE_MIB = 256
+MMAP_MIB = 4096
 
 SCHEMA = """
 PRAGMA journal_mode=WAL;
@@ -86,64 +100,56 @@ ADDED_COLUMNS = {"copies": "INTEGER NOT NULL DEFAULT 1", "unknown_since": "REAL"
 
 
 class SqliteStore:
-    def __init__(self, path: Path, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
-        self.path = path
-        self.busy_timeout_ms = busy_timeout_ms
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-ledger-sqlite")
-        self._db: sqlite3.Connection | None = None
+    def __init__(self, writer: SqliteWorker, reader: SqliteWorker) -> None:
+        self.path = writer.path
+        self._writer = writer
+        self._reader = reader
         self._flushes = 0
         self._delta = sqlite_tally.TallyDelta()
 
     @classmethod
     async def open(cls, path: Path, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> SqliteStore:
-        store = cls(path, busy_timeout_ms)
-        await store._run(store._connect)
-        return store
-
-    async def _run(self, work: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, work, *args)
-
-    def _connect(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, isolation_level=None)
-        db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-        db.execute("PRAGMA synchronous = NORMAL")
-        db.executescript(SCHEMA)
-        present = {row[1] for row in db.execute("PRAGMA table_info(ledger_blocks)")}
-        for column, kind in ADDED_COLUMNS.items():
-            if column not in present:
-                db.execute(f"ALTER TABLE ledger_blocks ADD COLUMN {column} {kind}")
-        sqlite_tally.install(db)
-        db.execute("CREATE TEMP TABLE IF NOT EXISTS ledger_closing (medium TEXT NOT NULL, hash NOT NULL)")
-        self._db = db
+        writer = await SqliteWorker.open(path, SqliteOptions(busy_timeout_ms, False, CACHE_MIB, MMAP_MIB,
+                                                             "kvgate-ledger-write"))
+        try:
+            await writer.run(_set_up)
+            reader = await SqliteWorker.open(path, SqliteOptions(busy_timeout_ms, True, CACHE_MIB, MMAP_MIB,
+                                                                 "kvgate-ledger-read"))
+        except BaseException:
+            await writer.close()
+            raise
+        return cls(writer, reader)
 
     @property
     def db(self) -> sqlite3.Connection:
-        if self._db is None:
-            raise RuntimeError("the SQLite ledger store is closed")
-        return self._db
+        """The writer's connection; only from work running on the writer's thread."""
+        return self._writer.db
+
+    async def _read(self, work: Callable[..., T], *args: Any) -> T:
+        """On the reader's thread, in one read transaction (one snapshot of the file)."""
+        return await self._reader.run(_snapshot, work, args)
 
     async def close(self) -> None:
-        if self._db is not None:
-            await self._run(self.db.close)
-            self._db = None
-        self._thread.shutdown(wait=True)
+        try:
+            await self._reader.close()
+        finally:
+            await self._writer.close()
 
     # -- writes ----------------------------------------------------------------------------------
 
     async def apply(self, batches: Sequence[BatchOps]) -> list[bool]:
-        return await self._run(self._apply, list(batches))
-
-    def _apply(self, batches: list[BatchOps]) -> list[bool]:
-        now = time.time()
-        self._delta = sqlite_tally.TallyDelta()
-        with _transaction(self.db):
-            applied = [self._apply_one(batch, now) for batch in batches]
-            self._delta.write(self.db)
+        applied = await self._writer.transaction(self._apply, list(batches))
         self._flushes += 1
         if self._flushes % PRUNE_EVERY == 0:
             with contextlib.suppress(sqlite3.OperationalError):  # housekeeping; the batches are committed
-                self.db.execute("DELETE FROM ledger_applied WHERE applied_at < ?", (now - MARKER_TTL_S,))
+                await self._writer.run(_prune_markers, time.time() - MARKER_TTL_S)
+        return applied
+
+    def _apply(self, db: sqlite3.Connection, batches: list[BatchOps]) -> list[bool]:
+        now = time.time()
+        self._delta = sqlite_tally.TallyDelta()
+        applied = [self._apply_one(batch, now) for batch in batches]
+        self._delta.write(db)
         return applied
 
     def _apply_one(self, batch: BatchOps, now: float) -> bool:
@@ -241,33 +247,29 @@ class SqliteStore:
 
     async def record_gaps(self, gaps: Sequence[GapRecord]) -> None:
         rows = [(gap.source, gap.first_seq, gap.last_seq, gap.after_ts) for gap in gaps]
-        await self._run(self._write_many, "INSERT OR IGNORE INTO ledger_gaps VALUES (?, ?, ?, ?)", rows)
+        await self._writer.transaction(_write_many, "INSERT OR IGNORE INTO ledger_gaps VALUES (?, ?, ?, ?)", rows)
 
     async def remember_salts(self, entries: Sequence[SaltDigestEntry]) -> None:
         rows = [(entry.tenant, entry.epoch, entry.digest) for entry in entries]
         sql = "INSERT OR IGNORE INTO ledger_salt_digests (tenant, epoch, digest) VALUES (?, ?, ?)"
-        await self._run(self._write_many, sql, rows)
-
-    def _write_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        with _transaction(self.db):
-            self.db.executemany(sql, rows)
+        await self._writer.transaction(_write_many, sql, rows)
 
     # -- reads -----------------------------------------------------------------------------------
 
     async def salt_entries(self, after: int) -> tuple[list[SaltDigestEntry], int]:
-        rows = await self._run(self._select, "SELECT id, tenant, epoch, digest FROM ledger_salt_digests WHERE id > ? "
+        rows = await self._writer.run(_select, "SELECT id, tenant, epoch, digest FROM ledger_salt_digests WHERE id > ? "
                                "ORDER BY id", (after,))
         entries = [SaltDigestEntry(tenant, epoch, digest) for _id, tenant, epoch, digest in rows]
         return entries, (rows[-1][0] if rows else after)
 
     async def cursors(self) -> dict[str, Cursor]:
-        rows = await self._run(self._select, "SELECT source, seq, ts FROM ledger_cursors", ())
+        rows = await self._writer.run(_select, "SELECT source, seq, ts FROM ledger_cursors", ())
         return {source: Cursor(seq, ts) for source, seq, ts in rows}
 
     async def open_blocks(self) -> list[OpenBlock]:
         sql = ("SELECT source, medium, hash, tenant, epoch, stored_at, copies, unknown_since FROM ledger_blocks "
                "WHERE removed_at IS NULL")
-        rows = await self._run(self._select, sql, ())
+        rows = await self._writer.run(_select, sql, ())
         return [OpenBlock(source, medium, _stored_hash(block_hash), tenant, epoch, stored_at, copies,
                           unknown is not None)
                 for source, medium, block_hash, tenant, epoch, stored_at, copies, unknown in rows]
@@ -275,20 +277,20 @@ class SqliteStore:
     async def record_clock(self, offsets: dict[str, float], at: float) -> None:
         sql = ("INSERT INTO ledger_clock VALUES (?, ?, ?) ON CONFLICT (source) DO UPDATE "
                "SET offset_s = excluded.offset_s, updated_at = excluded.updated_at")
-        await self._run(self._write_many, sql, [(source, offset, at) for source, offset in offsets.items()])
+        await self._writer.transaction(_write_many, sql, [(source, offset, at) for source, offset in offsets.items()])
 
     async def clock_offsets(self) -> dict[str, float]:
-        return dict(await self._run(self._select, "SELECT source, offset_s FROM ledger_clock", ()))
+        return dict(await self._read(_select, "SELECT source, offset_s FROM ledger_clock", ()))
 
     async def remember_policies(self, entries: Sequence[TenantPolicyRecord]) -> None:
         sql = ("INSERT INTO ledger_tenant_policies VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant) DO UPDATE "
                "SET retention_s = excluded.retention_s, media = excluded.media, "
                "policy_version = excluded.policy_version, seen_at = excluded.seen_at")
         rows = [(e.tenant, e.retention_s, ",".join(e.media), e.policy_version, e.seen_at) for e in entries]
-        await self._run(self._write_many, sql, rows)
+        await self._writer.transaction(_write_many, sql, rows)
 
     async def tenant_policies(self) -> dict[str, TenantPolicyRecord]:
-        rows = await self._run(self._select, "SELECT tenant, retention_s, media, policy_version, seen_at "
+        rows = await self._read(_select, "SELECT tenant, retention_s, media, policy_version, seen_at "
                                "FROM ledger_tenant_policies", ())
         return {tenant: TenantPolicyRecord(tenant, retention, tuple(filter(None, media.split(","))), version, seen)
                 for tenant, retention, media, version, seen in rows}
@@ -303,30 +305,64 @@ class SqliteStore:
             where.append("tenant = ?")
             params.append(tenant)
         sql = f"SELECT {RECORD_COLUMNS} FROM ledger_blocks WHERE {' AND '.join(where)}"  # noqa: S608
-        return await self._run(self._records, sql, tuple(params))
-
-    def _records(self, sql: str, params: tuple[Any, ...]) -> list[BlockRecord]:
-        return [BlockRecord(*row) for row in self.db.execute(sql, params)]
+        return [BlockRecord(*row) for row in await self._read(_select, sql, tuple(params))]
 
     async def summary(
         self, limits: dict[str, float], offsets: dict[str, float], now: float, tenant: str | None,
     ) -> LedgerSummary:
-        return await self._run(sqlite_tally.summary, self.db, limits, offsets, now, tenant)
+        return await self._read(sqlite_tally.summary, limits, offsets, now, tenant)
 
-    async def compact(self, before: float) -> int:
-        """Delete closed records removed before `before`; the audit's totals keep them."""
-        return await self._run(sqlite_tally.compact, self.db, before)
+    async def compact(self, before: float, span: int = sqlite_tally.COMPACT_SPAN) -> int:
+        """Delete closed records removed before `before`; the audit's totals keep them. In rowid ranges of
+        `span`, one short transaction each: a flush waiting on the writer's thread runs between two."""
+        end = await self._writer.transaction(sqlite_tally.start_compaction, before)
+        deleted, low = 0, 0
+        while low < end:
+            high = min(end, low + span)
+            deleted += await self._writer.transaction(sqlite_tally.compact_range, before, low, high)
+            low = high
+        return deleted
 
     async def missing_batches(self) -> dict[str, int]:
         sql = "SELECT source, SUM(last_seq - first_seq + 1) FROM ledger_gaps GROUP BY source"
-        return dict(await self._run(self._select, sql, ()))
+        return dict(await self._read(_select, sql, ()))
 
     async def source_events(self) -> list[SourceEvent]:
         sql = "SELECT source, kind, boundary_ts, learned_at, closed FROM ledger_source_events ORDER BY learned_at"
-        return [SourceEvent(*row) for row in await self._run(self._select, sql, ())]
+        return [SourceEvent(*row) for row in await self._read(_select, sql, ())]
 
-    def _select(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        return self.db.execute(sql, params).fetchall()
+
+def _set_up(db: sqlite3.Connection) -> None:
+    db.executescript(SCHEMA)
+    present = {row[1] for row in db.execute("PRAGMA table_info(ledger_blocks)")}
+    for column, kind in ADDED_COLUMNS.items():
+        if column not in present:
+            db.execute(f"ALTER TABLE ledger_blocks ADD COLUMN {column} {kind}")
+    sqlite_tally.install(db)
+    db.execute("CREATE TEMP TABLE IF NOT EXISTS ledger_closing (medium TEXT NOT NULL, hash NOT NULL)")
+
+
+def _snapshot(db: sqlite3.Connection, work: Callable[..., T], args: tuple[Any, ...]) -> T:
+    """`work(db, *args)` inside one read transaction: every statement it runs sees the same committed state."""
+    if db.in_transaction:
+        db.execute("ROLLBACK")
+    db.execute("BEGIN")
+    try:
+        return work(db, *args)
+    finally:
+        db.execute("ROLLBACK")  # nothing was written: ending the read is all there is to do
+
+
+def _write_many(db: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    db.executemany(sql, rows)
+
+
+def _prune_markers(db: sqlite3.Connection, before: float) -> None:
+    db.execute("DELETE FROM ledger_applied WHERE applied_at < ?", (before,))
+
+
+def _select(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    return db.execute(sql, params).fetchall()
 
 
 def _open_row(batch: BatchOps, op: OpenOp) -> tuple[Any, ...]:
@@ -338,31 +374,3 @@ def _stored_hash(value: int | bytes) -> HashValue:
     restored = from_sql(value)
     assert restored is not None  # the column is NOT NULL
     return restored
-
-
-class _transaction:
-    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error): another process's writer waits, never interleaves."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-
-    def __enter__(self) -> None:
-        if self.db.in_transaction:  # a COMMIT that failed earlier left one open: start clean
-            self.db.execute("ROLLBACK")
-        self.db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            try:
-                self.db.execute("COMMIT")
-                return
-            except sqlite3.Error:
-                self._rollback()
-                raise
-        self._rollback()
-
-    def _rollback(self) -> None:
-        """Best effort: the batches stay with the writer, which retries the whole transaction."""
-        if self.db.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                self.db.execute("ROLLBACK")

@@ -24,6 +24,7 @@ from gateway.ledger.report import AuditInputs, Window, build_report
 from gateway.ledger.sqlite_store import SqliteStore
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import GatewayConfig, TenantPolicy
+from gateway.tasks import TaskSupervisor
 
 NOW = 10_000.0
 
@@ -77,9 +78,11 @@ def test_aggregates_match_the_full_scan_and_survive_compaction(tmp_path: Path) -
             assert _comparable(summarised) == _comparable(scanned)
             assert summarised["tenants"]["acme"]["GPU"]["violations"]["age"] > 0  # the comparison is not vacuous
             assert summarised["tenants"]["gone"]["GPU"]["unknown"] > 0
-            deleted = await store.compact(1400.0)
+            deleted = await store.compact(1400.0, span=7)  # many small steps, one transaction each
             assert deleted > 0
-            assert len(await store.records(None, None)) == 62 - deleted
+            left = await store.records(None, None)
+            assert len(left) == 62 - deleted
+            assert all(record.removed_at is None or record.removed_at >= 1400.0 for record in left)
             _rescanned, after = await _reports(store)
             assert _comparable(after) == _comparable(scanned)  # the totals keep what compaction removed
             assert after["compacted_before"] is not None
@@ -145,6 +148,35 @@ def test_many_overdue_open_blocks_are_counted_from_the_young_side(tmp_path: Path
             assert summarised["tenants"]["acme"]["GPU"]["violations"]["age"] == 10_050  # 10,049 open + 1 closed
             assert _comparable(summarised) == _comparable(scanned)
         finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_audit_reads_while_the_writer_waits_for_the_file(tmp_path: Path) -> None:
+    """The audit reads on its own WAL reader: a flush stuck behind another process's write lock does not hold
+    it up (on one shared connection thread it would wait out the flush's busy timeout)."""
+    path = tmp_path / "ledger.sqlite3"
+
+    async def scenario() -> None:
+        store = await SqliteStore.open(path, busy_timeout_ms=60_000)
+        other = sqlite3.connect(path, isolation_level=None)
+        tasks = TaskSupervisor("test")
+        try:
+            await store.apply(_batches())
+            other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+            late = BatchOps("p/0", 9, 9.0, "v", [OpenOp("GPU", 5000, None, "acme", 1, 9_900.0)])
+            stuck = tasks.spawn(store.apply([late]), "flush")
+            report = await collect_audit(store, _policies(), "acme", None, now=NOW)
+            assert not stuck.done()  # the flush still waits for the lock; the audit did not wait for it
+            assert report["tenants"]["acme"]["GPU"]["stored"] > 0
+            other.execute("COMMIT")
+            assert await stuck == [True]
+            after = await collect_audit(store, _policies(), "acme", None, now=NOW)
+            assert after["tenants"]["acme"]["GPU"]["stored"] == report["tenants"]["acme"]["GPU"]["stored"] + 1
+        finally:
+            other.close()
+            await tasks.close()
             await store.close()
 
     asyncio.run(scenario())

@@ -58,13 +58,21 @@ BUSY_TIMEOUT_MS = 10_000  # past this, "database is locked" is raised and the wr
 CACHE_MIB = 256
 MMAP_MIB = 4096
 
+# Open and closed records live apart. Open records (what vLLM holds now: bounded by its caches) are keyed by
+# (source, medium, hash) without a rowid, so an open, a removal or a copy count touches one B-tree plus the
+# age index. Closed records are only ever appended, read whole by `--since` reports and deleted by compaction
+# in rowid order: no index, so the history they accumulate (millions of rows) costs ingestion nothing.
 SCHEMA = """
 PRAGMA journal_mode=WAL;
-CREATE TABLE IF NOT EXISTS ledger_blocks (
+CREATE TABLE IF NOT EXISTS ledger_open (
     source TEXT NOT NULL, medium TEXT NOT NULL, hash NOT NULL, parent, tenant TEXT NOT NULL, epoch INTEGER,
-    stored_at REAL NOT NULL, removed_at REAL, closed_by TEXT, policy_version TEXT NOT NULL,
-    copies INTEGER NOT NULL DEFAULT 1, unknown_since REAL);
-CREATE UNIQUE INDEX IF NOT EXISTS ledger_blocks_open ON ledger_blocks(source, medium, hash) WHERE removed_at IS NULL;
+    stored_at REAL NOT NULL, policy_version TEXT NOT NULL, copies INTEGER NOT NULL DEFAULT 1, unknown_since REAL,
+    PRIMARY KEY (source, medium, hash)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ledger_open_age ON ledger_open(tenant, medium, source, stored_at);
+CREATE TABLE IF NOT EXISTS ledger_closed (
+    source TEXT NOT NULL, medium TEXT NOT NULL, hash NOT NULL, parent, tenant TEXT NOT NULL, epoch INTEGER,
+    stored_at REAL NOT NULL, policy_version TEXT NOT NULL, unknown_since REAL, removed_at REAL NOT NULL,
+    closed_by TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger_applied (
     source TEXT NOT NULL, seq INTEGER NOT NULL, ts REAL NOT NULL, applied_at REAL NOT NULL,
     PRIMARY KEY (source, seq, ts)) WITHOUT ROWID;
@@ -83,20 +91,31 @@ CREATE TABLE IF NOT EXISTS ledger_salt_digests (
     id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, epoch INTEGER NOT NULL, digest BLOB NOT NULL UNIQUE);
 """
 
-OPEN_SQL = ("INSERT OR IGNORE INTO ledger_blocks (source, medium, hash, parent, tenant, epoch, stored_at, "
+OPEN_SQL = ("INSERT OR IGNORE INTO ledger_open (source, medium, hash, parent, tenant, epoch, stored_at, "
             "policy_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
-CLOSE_MANY_SQL = ("UPDATE ledger_blocks SET removed_at = ?, closed_by = 'removed' "
-                  "WHERE source = ? AND removed_at IS NULL "
-                  "AND (medium, hash) IN (SELECT medium, hash FROM temp.ledger_closing) "
-                  "RETURNING tenant, medium, epoch, stored_at, unknown_since")
+OPEN_COLUMNS = "source, medium, hash, parent, tenant, epoch, stored_at, policy_version, unknown_since"
+CLOSE_MANY_SQL = (f"DELETE FROM ledger_open WHERE source = ? "  # noqa: S608
+                  f"AND (medium, hash) IN (SELECT medium, hash FROM temp.ledger_closing) RETURNING {OPEN_COLUMNS}")
+CLOSED_SQL = (f"INSERT INTO ledger_closed ({OPEN_COLUMNS}, removed_at, closed_by) "  # noqa: S608
+              f"VALUES ({', '.join('?' * 11)})")
 CURSOR_SQL = ("INSERT INTO ledger_cursors (source, seq, ts) VALUES (?, ?, ?) ON CONFLICT (source) DO UPDATE "
               "SET seq = excluded.seq, ts = excluded.ts "
               "WHERE excluded.ts > ledger_cursors.ts "
               "OR (excluded.ts = ledger_cursors.ts AND excluded.seq > ledger_cursors.seq)")
-COPIES_SQL = ("UPDATE ledger_blocks SET copies = ? "
-              "WHERE source = ? AND medium = ? AND hash = ? AND removed_at IS NULL")
+COPIES_SQL = "UPDATE ledger_open SET copies = ? WHERE source = ? AND medium = ? AND hash = ?"
 RECORD_COLUMNS = "source, medium, tenant, epoch, stored_at, removed_at, closed_by, policy_version, unknown_since"
-ADDED_COLUMNS = {"copies": "INTEGER NOT NULL DEFAULT 1", "unknown_since": "REAL"}  # for files made before them
+# A file from before open and closed records were split: one `ledger_blocks` table, moved over on opening.
+LEGACY_COLUMNS = {"copies": "INTEGER NOT NULL DEFAULT 1", "unknown_since": "REAL"}  # added to it over time
+MIGRATE_LEGACY = f"""
+INSERT OR IGNORE INTO ledger_open (source, medium, hash, parent, tenant, epoch, stored_at, policy_version, copies,
+    unknown_since)
+SELECT source, medium, hash, parent, tenant, epoch, stored_at, policy_version, copies, unknown_since
+FROM ledger_blocks WHERE removed_at IS NULL;
+INSERT INTO ledger_closed ({OPEN_COLUMNS}, removed_at, closed_by)
+SELECT {OPEN_COLUMNS}, removed_at, COALESCE(closed_by, 'removed') FROM ledger_blocks WHERE removed_at IS NOT NULL
+ORDER BY rowid;
+DROP TABLE ledger_blocks;
+"""  # noqa: S608
 
 
 class SqliteStore:
@@ -180,35 +199,48 @@ class SqliteStore:
                     self._resume(batch, op)
 
     def _open(self, batch: BatchOps, ops: list[OpenOp]) -> None:
-        """A block already open (another replica's batch) is ignored and not counted: when fewer rows went in
-        than were offered, the rows this statement inserted are read back by rowid (new rows get higher ones)."""
-        before_changes = self.db.total_changes
-        last_rowid = self.db.execute("SELECT COALESCE(MAX(rowid), 0) FROM ledger_blocks").fetchone()[0]
-        self.db.executemany(OPEN_SQL, [_open_row(batch, op) for op in ops])
+        """A block already open (another replica's batch, a store of a resident hash) is ignored and not
+        counted. All rows go in with one statement; only when fewer went in than were offered is it undone
+        and redone row by row, to count the ones that were new."""
+        db = self.db
+        rows = [_open_row(batch, op) for op in ops]
+        before_changes = db.total_changes
+        db.execute("SAVEPOINT ledger_open_rows")
+        db.executemany(OPEN_SQL, rows)
         opened = self._delta.opened
-        if self.db.total_changes - before_changes == len(ops):
+        if db.total_changes - before_changes == len(ops):
+            db.execute("RELEASE ledger_open_rows")
             for op in ops:
                 opened(batch.source, op.tenant, op.medium, op.epoch)
             return
-        for tenant, medium, epoch in self.db.execute(
-                "SELECT tenant, medium, epoch FROM ledger_blocks WHERE rowid > ?", (last_rowid,)):
-            opened(batch.source, tenant, medium, epoch)
+        db.execute("ROLLBACK TO ledger_open_rows")
+        db.execute("RELEASE ledger_open_rows")
+        for op, row in zip(ops, rows, strict=True):
+            if db.execute(OPEN_SQL, row).rowcount:
+                opened(batch.source, op.tenant, op.medium, op.epoch)
 
     def _close(self, batch: BatchOps, ops: list[CloseOp]) -> None:
-        """All removals of a batch in one statement (they share its time), through a temporary key table, so
-        the closed records come back with what the totals need."""
+        """All removals of a run in one statement, through a temporary key table, so the closed records come
+        back with what the totals need; each keeps its own removal time (the first, if a block is named
+        twice: the second removal found it closed)."""
+        removed_at: dict[tuple[str, Any], float] = {}
+        for op in ops:
+            removed_at.setdefault((op.medium, to_sql(op.block_hash)), op.removed_at)
+        self.db.executemany("INSERT INTO temp.ledger_closing VALUES (?, ?)", list(removed_at))
+        rows = self.db.execute(CLOSE_MANY_SQL, (batch.source,)).fetchall()
+        self.db.execute("DELETE FROM temp.ledger_closing")
+        self._move_closed(batch, rows, [removed_at[(row[1], row[2])] for row in rows], "removed")
+
+    def _move_closed(self, batch: BatchOps, rows: list[Any], removed_at: list[float], reason: str) -> None:
+        """Rows deleted from `ledger_open` (OPEN_COLUMNS) go to `ledger_closed` and into the totals."""
+        self.db.executemany(CLOSED_SQL, [(*row, at, reason) for row, at in zip(rows, removed_at, strict=True)])
         closed = self._delta.closed
-        for removed_at, group in groupby(ops, key=lambda op: op.removed_at):
-            self.db.executemany("INSERT INTO temp.ledger_closing VALUES (?, ?)",
-                                [(op.medium, to_sql(op.block_hash)) for op in group])
-            rows = self.db.execute(CLOSE_MANY_SQL, (removed_at, batch.source)).fetchall()
-            self.db.execute("DELETE FROM temp.ledger_closing")
-            for tenant, medium, epoch, stored_at, unknown_since in rows:
-                closed(batch.source, tenant, medium, epoch, "removed", stored_at, removed_at,
-                       unknown_since is not None)
+        for (_source, medium, _hash, _parent, tenant, epoch, stored_at, _version, unknown_since), at in zip(
+                rows, removed_at, strict=True):
+            closed(batch.source, tenant, medium, epoch, reason, stored_at, at, unknown_since is not None)
 
     def _silence(self, batch: BatchOps, op: SilenceOp) -> None:
-        rows = self.db.execute("UPDATE ledger_blocks SET unknown_since = ? WHERE source = ? AND removed_at IS NULL "
+        rows = self.db.execute("UPDATE ledger_open SET unknown_since = ? WHERE source = ? "
                                "AND unknown_since IS NULL RETURNING tenant, medium, epoch",
                                (op.since, batch.source)).fetchall()
         for tenant, medium, epoch in rows:
@@ -216,7 +248,7 @@ class SqliteStore:
         self._source_event(batch, "silent", op.since, len(rows))
 
     def _resume(self, batch: BatchOps, op: ResumeOp) -> None:
-        rows = self.db.execute("UPDATE ledger_blocks SET unknown_since = NULL WHERE source = ? AND removed_at IS NULL "
+        rows = self.db.execute("UPDATE ledger_open SET unknown_since = NULL WHERE source = ? "
                                "AND unknown_since IS NOT NULL RETURNING tenant, medium, epoch",
                                (batch.source,)).fetchall()
         for tenant, medium, epoch in rows:
@@ -228,7 +260,7 @@ class SqliteStore:
                         (batch.source, kind, batch.ts, at, count))
 
     def _clear(self, batch: BatchOps, op: ClearOp) -> None:
-        where: list[str] = ["source = ?", "removed_at IS NULL"]
+        where: list[str] = ["source = ?"]
         params: list[Any] = [batch.source]
         if op.media is not None:
             where.append(f"medium IN ({', '.join('?' * len(op.media))})")
@@ -236,12 +268,9 @@ class SqliteStore:
         if op.stored_before is not None:
             where.append("stored_at < ?")
             params.append(op.stored_before)
-        sql = (f"UPDATE ledger_blocks SET removed_at = ?, closed_by = ? WHERE {' AND '.join(where)} "  # noqa: S608
-               "RETURNING tenant, medium, epoch, stored_at, unknown_since")
-        rows = self.db.execute(sql, (op.at, op.reason, *params)).fetchall()
-        for tenant, medium, epoch, stored_at, unknown_since in rows:
-            self._delta.closed(batch.source, tenant, medium, epoch, op.reason, stored_at, op.at,
-                               unknown_since is not None)
+        sql = f"DELETE FROM ledger_open WHERE {' AND '.join(where)} RETURNING {OPEN_COLUMNS}"  # noqa: S608
+        rows = self.db.execute(sql, params).fetchall()
+        self._move_closed(batch, rows, [op.at] * len(rows), op.reason)
         if op.reason in SOURCE_EVENT_KINDS:
             self._source_event(batch, op.reason, op.at, len(rows))
 
@@ -267,8 +296,7 @@ class SqliteStore:
         return {source: Cursor(seq, ts) for source, seq, ts in rows}
 
     async def open_blocks(self) -> list[OpenBlock]:
-        sql = ("SELECT source, medium, hash, tenant, epoch, stored_at, copies, unknown_since FROM ledger_blocks "
-               "WHERE removed_at IS NULL")
+        sql = "SELECT source, medium, hash, tenant, epoch, stored_at, copies, unknown_since FROM ledger_open"
         rows = await self._writer.run(_select, sql, ())
         return [OpenBlock(source, medium, _stored_hash(block_hash), tenant, epoch, stored_at, copies,
                           unknown is not None)
@@ -296,15 +324,20 @@ class SqliteStore:
                 for tenant, retention, media, version, seen in rows}
 
     async def records(self, since: float | None, tenant: str | None) -> list[BlockRecord]:
-        where: list[str] = ["1 = 1"]
+        closed: list[str] = ["1 = 1"]
+        opened: list[str] = ["1 = 1"]
         params: list[Any] = []
         if since is not None:
-            where.append("(removed_at IS NULL OR removed_at >= ?)")
+            closed.append("removed_at >= ?")
             params.append(since)
         if tenant is not None:
-            where.append("tenant = ?")
+            closed.append("tenant = ?")
+            opened.append("tenant = ?")
             params.append(tenant)
-        sql = f"SELECT {RECORD_COLUMNS} FROM ledger_blocks WHERE {' AND '.join(where)}"  # noqa: S608
+        sql = (f"SELECT {RECORD_COLUMNS} FROM ledger_closed WHERE {' AND '.join(closed)} UNION ALL "  # noqa: S608
+               f"SELECT source, medium, tenant, epoch, stored_at, NULL, NULL, policy_version, unknown_since "
+               f"FROM ledger_open WHERE {' AND '.join(opened)}")
+        params += [tenant] if tenant is not None else []
         return [BlockRecord(*row) for row in await self._read(_select, sql, tuple(params))]
 
     async def summary(
@@ -335,9 +368,11 @@ class SqliteStore:
 def _set_up(db: sqlite3.Connection) -> None:
     db.executescript(SCHEMA)
     present = {row[1] for row in db.execute("PRAGMA table_info(ledger_blocks)")}
-    for column, kind in ADDED_COLUMNS.items():
-        if column not in present:
-            db.execute(f"ALTER TABLE ledger_blocks ADD COLUMN {column} {kind}")
+    if present:
+        for column, kind in LEGACY_COLUMNS.items():
+            if column not in present:
+                db.execute(f"ALTER TABLE ledger_blocks ADD COLUMN {column} {kind}")
+        db.executescript(f"BEGIN IMMEDIATE; {MIGRATE_LEGACY} COMMIT;")
     sqlite_tally.install(db)
     db.execute("CREATE TEMP TABLE IF NOT EXISTS ledger_closing (medium TEXT NOT NULL, hash NOT NULL)")
 

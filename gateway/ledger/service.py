@@ -36,6 +36,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicySet
 from gateway.policy.reloader import PolicyHolder
 from gateway.settings import Settings
+from gateway.storage import Storage
 from gateway.tasks import TaskSupervisor
 
 log = get_logger(__name__)
@@ -65,10 +66,11 @@ class LedgerService:
     @classmethod
     async def open(
         cls, settings: Settings, metrics: GatewayMetrics, holder: PolicyHolder, tasks: TaskSupervisor,
-        config: LedgerSettings | None = None,
+        config: LedgerSettings | None = None, storage: Storage | None = None,
     ) -> LedgerService:
+        """`storage`: the process's shared store connections; a Redis ledger runs on its pool."""
         config = config or LedgerSettings()
-        store = await open_store(settings, config.redis_prefix, config.sqlite_busy_timeout_ms)
+        store = await open_store(settings, config.redis_prefix, config.sqlite_busy_timeout_ms, storage)
         secret = settings.salt_secret.get_secret_value().encode() if settings.salt_secret else None
         if secret is None:
             log.warning("ledger_without_salt_secret", effect="every block is reported unattributed")

@@ -1,5 +1,6 @@
 """The Redis ledger store's own totals (issue 12): rebuilt once for a ledger written before they existed,
-compacted in bounded slices, and the store on the process's one Redis pool (issue 10's store convention)."""
+compacted in bounded slices, batches and whole-source operations applied within a budget per call, and the
+store on the process's one Redis pool (issue 10's store convention)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 from gateway.ledger.factory import open_store
@@ -25,10 +27,18 @@ from gateway.ledger.records import (
     SilenceOp,
 )
 from gateway.ledger.redis_store import RedisStore
+from gateway.ledger.service import LedgerService
+from gateway.metrics import GatewayMetrics
+from gateway.policy.loader import load_policy_set
+from gateway.policy.reloader import PolicyHolder
 from gateway.settings import Settings
 from gateway.storage import Storage
+from gateway.tasks import TaskSupervisor
+from tests.harness import expected_salt
 from tests.ledger.audit_history import comparable, history, scan_and_summary
+from tests.ledger.publisher import VllmPublisher, stored
 from tests.ledger.redis_proc import RedisProcess
+from tests.ledger.support import SECRET, Backend, Running, counts, eventually, write_policies
 from tests.salt_vectors import LEDGER_SECRET
 
 # What the apply script keeps beside the records (the records, open sets, cursors and markers stay).
@@ -190,3 +200,35 @@ def test_a_small_budget_per_call_gives_the_same_ledger(redis_server: RedisProces
     assert sliced == whole
     assert whole[1] == [("silent", 600), ("resumed", 600), ("reset", 299)]  # block 1 closed before
     assert len([record for record in whole[0] if record[2] is None]) == 300
+
+
+def test_a_gateways_ledger_runs_on_the_storage_pool(
+    tmp_path: Path, redis_server: RedisProcess, publisher: VllmPublisher,
+) -> None:
+    """As `http/wiring.py` builds it: events reach the Redis ledger through the Storage's pool, and closing the
+    ledger leaves that pool to the Storage."""
+    root = write_policies(tmp_path / "policies", {"offload": [publisher.endpoint]}, {"acme": {}})
+    backend = Backend("redis", tmp_path / "unused.sqlite3", redis_url=redis_server.url)
+
+    async def scenario() -> None:
+        storage = await Storage.open(redis_server.url, backend.state_path)
+        metrics = GatewayMetrics(CollectorRegistry())
+        holder = PolicyHolder(root, load_policy_set(root), metrics)
+        tasks = TaskSupervisor("ledger-test")
+        try:
+            service = await LedgerService.open(backend.settings(), metrics, holder, tasks, backend.config(),
+                                               storage=storage)
+            try:
+                store = service.context.store
+                assert isinstance(store, RedisStore) and store.client is storage.redis_client()
+                publisher.publish([stored([1, 2, 3], salt=expected_salt(SECRET, "acme", 1))])
+                running = Running(service, holder, metrics)
+                await eventually(running.audit, lambda report: counts(report, "acme", "GPU") == (3, 0, 3))
+            finally:
+                await service.close()
+                await tasks.close()
+            assert await storage.redis_client().ping()  # type: ignore[misc]
+        finally:
+            await storage.close()
+
+    asyncio.run(scenario())

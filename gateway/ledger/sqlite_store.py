@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from itertools import groupby
 from pathlib import Path
@@ -94,8 +95,14 @@ CREATE TABLE IF NOT EXISTS ledger_salt_digests (
 OPEN_SQL = ("INSERT OR IGNORE INTO ledger_open (source, medium, hash, parent, tenant, epoch, stored_at, "
             "policy_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 OPEN_COLUMNS = "source, medium, hash, parent, tenant, epoch, stored_at, policy_version, unknown_since"
-CLOSE_MANY_SQL = (f"DELETE FROM ledger_open WHERE source = ? "  # noqa: S608
-                  f"AND (medium, hash) IN (SELECT medium, hash FROM temp.ledger_closing) RETURNING {OPEN_COLUMNS}")
+# A batch's removals: copied to `ledger_closed` with their times (returning what the totals need), then deleted.
+CLOSE_COPY_SQL = (f"INSERT INTO ledger_closed ({OPEN_COLUMNS}, removed_at, closed_by) "  # noqa: S608
+                  "SELECT o.source, o.medium, o.hash, o.parent, o.tenant, o.epoch, o.stored_at, o.policy_version, "
+                  "o.unknown_since, c.removed_at, 'removed' FROM temp.ledger_closing AS c JOIN ledger_open AS o "
+                  "ON o.source = ? AND o.medium = c.medium AND o.hash = c.hash "
+                  "RETURNING tenant, medium, epoch, stored_at, removed_at, unknown_since")
+CLOSE_DELETE_SQL = ("DELETE FROM ledger_open WHERE source = ? "
+                    "AND (medium, hash) IN (SELECT medium, hash FROM temp.ledger_closing)")
 CLOSED_SQL = (f"INSERT INTO ledger_closed ({OPEN_COLUMNS}, removed_at, closed_by) "  # noqa: S608
               f"VALUES ({', '.join('?' * 11)})")
 CURSOR_SQL = ("INSERT INTO ledger_cursors (source, seq, ts) VALUES (?, ?, ?) ON CONFLICT (source) DO UPDATE "
@@ -210,8 +217,7 @@ class SqliteStore:
         opened = self._delta.opened
         if db.total_changes - before_changes == len(ops):
             db.execute("RELEASE ledger_open_rows")
-            for op in ops:
-                opened(batch.source, op.tenant, op.medium, op.epoch)
+            self._delta.opened_many(batch.source, Counter((op.tenant, op.medium, op.epoch) for op in ops))
             return
         db.execute("ROLLBACK TO ledger_open_rows")
         db.execute("RELEASE ledger_open_rows")
@@ -220,16 +226,21 @@ class SqliteStore:
                 opened(batch.source, op.tenant, op.medium, op.epoch)
 
     def _close(self, batch: BatchOps, ops: list[CloseOp]) -> None:
-        """All removals of a run in one statement, through a temporary key table, so the closed records come
-        back with what the totals need; each keeps its own removal time (the first, if a block is named
-        twice: the second removal found it closed)."""
+        """All removals of a run in two statements, through a temporary key table: the records are copied to
+        `ledger_closed` (which returns what the totals need) and deleted from `ledger_open`. Each keeps its
+        own removal time (the first, if a block is named twice: the second removal found it closed)."""
         removed_at: dict[tuple[str, Any], float] = {}
         for op in ops:
             removed_at.setdefault((op.medium, to_sql(op.block_hash)), op.removed_at)
-        self.db.executemany("INSERT INTO temp.ledger_closing VALUES (?, ?)", list(removed_at))
-        rows = self.db.execute(CLOSE_MANY_SQL, (batch.source,)).fetchall()
-        self.db.execute("DELETE FROM temp.ledger_closing")
-        self._move_closed(batch, rows, [removed_at[(row[1], row[2])] for row in rows], "removed")
+        db = self.db
+        db.executemany("INSERT INTO temp.ledger_closing VALUES (?, ?, ?)",
+                       [(medium, block, at) for (medium, block), at in removed_at.items()])
+        rows = db.execute(CLOSE_COPY_SQL, (batch.source,)).fetchall()
+        db.execute(CLOSE_DELETE_SQL, (batch.source,))
+        db.execute("DELETE FROM temp.ledger_closing")
+        closed = self._delta.closed
+        for tenant, medium, epoch, stored_at, at, unknown_since in rows:
+            closed(batch.source, tenant, medium, epoch, "removed", stored_at, at, unknown_since is not None)
 
     def _move_closed(self, batch: BatchOps, rows: list[Any], removed_at: list[float], reason: str) -> None:
         """Rows deleted from `ledger_open` (OPEN_COLUMNS) go to `ledger_closed` and into the totals."""
@@ -374,7 +385,8 @@ def _set_up(db: sqlite3.Connection) -> None:
                 db.execute(f"ALTER TABLE ledger_blocks ADD COLUMN {column} {kind}")
         db.executescript(f"BEGIN IMMEDIATE; {MIGRATE_LEGACY} COMMIT;")
     sqlite_tally.install(db)
-    db.execute("CREATE TEMP TABLE IF NOT EXISTS ledger_closing (medium TEXT NOT NULL, hash NOT NULL)")
+    db.execute("DROP TABLE IF EXISTS temp.ledger_closing")
+    db.execute("CREATE TEMP TABLE ledger_closing (medium TEXT NOT NULL, hash NOT NULL, removed_at REAL NOT NULL)")
 
 
 def _snapshot(db: sqlite3.Connection, work: Callable[..., T], args: tuple[Any, ...]) -> T:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypedDict, Unpack
 
 from gateway.policy.model import Scope
 
@@ -53,11 +54,19 @@ class RouteSpec:
     local: Local | None = None  # endpoints the gateway answers itself
 
 
+class RouteOptions(TypedDict, total=False):
+    """The optional fields of a `RouteSpec`, by name."""
+
+    stream: StreamStyle | None
+    chat: bool
+    genai_operation: str | None
+    local: Local | None
+
+
 def _route(
-    path: str, methods: str, scope: Scope | None, kind: Kind, *, stream: StreamStyle | None = None,
-    chat: bool = False, genai_operation: str | None = None, local: Local | None = None,
+    path: str, methods: str, scope: Scope | None, kind: Kind, **options: Unpack[RouteOptions],
 ) -> tuple[str, RouteSpec]:
-    return path, RouteSpec(path, frozenset(methods.split()), scope, kind, stream, chat, genai_operation, local)
+    return path, RouteSpec(path, frozenset(methods.split()), scope, kind, **options)
 
 
 ROUTES: dict[str, RouteSpec] = dict(

@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import zmq
 
-from gateway.devtools.loadtest.workload_run import WorkloadResult, run_workload
+from gateway.devtools.loadtest.workload_run import WorkloadResult, WorkloadTarget, run_workload
 from gateway.devtools.loadtest.workload_stack import BLOCK, WORKLOADS, sim_argv, started, wait_for_trace
 from gateway.devtools.localproc import free_port, free_port_pair, kvgate_command
 from gateway.kvevents.wire import BatchDecoder, BlockStored, open_envelope, replay_request
@@ -147,7 +147,7 @@ async def _drive(gateway: str, keys: dict[str, str], sims: dict[str, str], names
         async def one(name: str) -> WorkloadResult:
             workload, fmt = name.split("-")
             spec = WORKLOADS[workload].model_copy(update={"format": fmt, "requests": requests})
-            return await run_workload(http, gateway, keys[name], "m", spec, 1, f"{sims[name]}/metrics")
+            return await run_workload(http, WorkloadTarget(gateway, keys[name], "m", 1, f"{sims[name]}/metrics"), spec)
 
         results = await asyncio.gather(*[one(name) for name in names])
     return dict(zip(names, results, strict=True))

@@ -36,7 +36,7 @@ from gateway.policy.loader import PolicySet, load_policy_set
 from gateway.proxy.sse import Usage
 from gateway.reuse.fingerprint import canonical_parts
 from gateway.reuse.store import SqliteTraceStore
-from gateway.reuse.trace import ReuseTrace, TraceMetrics, TraceSettings
+from gateway.reuse.trace import FinishedRequest, ReuseTrace, TraceMetrics, TraceSettings
 from gateway.storage.sqlite import SqliteWorker
 
 BATCH = 20
@@ -80,7 +80,7 @@ def measure(trace: ReuseTrace, requests: list[dict[str, Any]], usage: Usage) -> 
     for start in range(0, len(requests), BATCH):
         batch = requests[start : start + BATCH]
         began = time.process_time_ns()
-        outcomes = [trace.observe("acme", 1, "main", canonical_parts(body), usage) for body in batch]
+        outcomes = [trace.observe(FinishedRequest("acme", 1, "main", canonical_parts(body), usage)) for body in batch]
         per_batch.append((time.process_time_ns() - began) / len(batch) / 1000)
         sampled += outcomes.count("sampled")
         began = time.process_time_ns()

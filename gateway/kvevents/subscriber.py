@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 import zmq
@@ -162,13 +163,13 @@ class Subscriber:
             return await self._catch_up(0)
         if self.spec.replay is None:
             return False
-        judged: str | None = None
+        judged: Continuity | None = None
         restart_ts = cursor.ts
         async with aclosing(self._replies(cursor.seq)) as replies:
             async for envelope, batch in replies:
                 if judged is None:
                     judged = _judge_first(cursor, envelope, batch)
-                    if judged != "proven":
+                    if judged is not Continuity.PROVEN:
                         restart_ts = batch.ts if batch is not None else cursor.ts
                         break
                     await self._proven()
@@ -177,11 +178,11 @@ class Subscriber:
                 if batch is not None:
                     await self._handle(envelope, batch, may_replay=False)
         if judged is None and self._replay_complete:
-            judged = "restart"  # nothing at or after the cursor: a new process that is not that far yet
-        if judged in ("restart", "presumed"):
-            why = ("replay no longer holds the cursor's batch, later ones exist" if judged == "presumed"
+            judged = Continuity.RESTART  # nothing at or after the cursor: a new process that is not that far yet
+        if judged in (Continuity.RESTART, Continuity.PRESUMED):
+            why = ("replay no longer holds the cursor's batch, later ones exist" if judged is Continuity.PRESUMED
                    else "replay holds another batch at the cursor, or nothing at or after it")
-            await self._restart(restart_ts, why, proven=judged == "restart")
+            await self._restart(restart_ts, why, proven=judged is Continuity.RESTART)
             await self._catch_up(0)
             return True
         return judged is not None or self._replay_complete
@@ -265,12 +266,20 @@ class Subscriber:
             self._dealer = None
 
 
-def _judge_first(cursor: Cursor, envelope: Envelope, batch: EventBatch | None) -> str:
+class Continuity(StrEnum):
+    """What replay says about the batch a resumed subscriber's cursor names."""
+
+    PROVEN = "proven"  # the cursor's own batch: the same publisher process
+    RESTART = "restart"  # another batch at that number, or nothing at or after it: a new process
+    PRESUMED = "presumed"  # only later numbers: a restart, or a replay buffer that moved past the cursor
+
+
+def _judge_first(cursor: Cursor, envelope: Envelope, batch: EventBatch | None) -> Continuity:
     """Replay's first batch at or after the cursor: the cursor's own batch (`proven` continuity), another
     batch at that number (`restart`), or a later number only (`presumed` restart: the cursor's batch is gone,
     which a restart explains, but so does a replay buffer that moved past it)."""
     if envelope.seq != cursor.seq:
-        return "presumed"
+        return Continuity.PRESUMED
     if batch is not None and batch.ts == cursor.ts:
-        return "proven"
-    return "restart"
+        return Continuity.PROVEN
+    return Continuity.RESTART

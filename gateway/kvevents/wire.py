@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 
+from gateway.kvevents.media import GPU, BlockMedium
+
 HashValue = int | bytes
 SEQ_BYTES = 8
 END_OF_REPLAY = -1
@@ -160,6 +162,6 @@ def replay_request(start_seq: int) -> list[bytes]:
     return [b"", max(start_seq, 0).to_bytes(SEQ_BYTES, "big", signed=True)]
 
 
-def normalize_medium(medium: str | None) -> str:
+def normalize_medium(medium: str | None) -> BlockMedium:
     """vLLM sends GPU/CPU/STORAGE, LMCache may send `cpu`; events from before `medium` existed were GPU."""
-    return "GPU" if not medium else medium.upper()
+    return GPU if not medium else medium.upper()

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from gateway.kvevents.media import GPU, BlockMedium
 from gateway.kvevents.wire import (
     AllBlocksCleared,
     BlockRemoved,
@@ -38,7 +39,7 @@ from gateway.ledger.records import (
 )
 from gateway.ledger.salts import SaltIndex
 
-GPU_ONLY = ("GPU",)  # AllBlocksCleared comes from vLLM's GPU block pool and has no medium
+GPU_ONLY: tuple[BlockMedium, ...] = (GPU,)  # AllBlocksCleared comes from vLLM's GPU block pool and has no medium
 
 
 @dataclass(slots=True)
@@ -50,7 +51,7 @@ class Resident:
     overdue: bool = False  # counted once by the retention sweep
 
 
-BlockKey = tuple[str, HashValue]  # (medium, hash)
+BlockKey = tuple[BlockMedium, HashValue]
 SWEEP_CHUNK = 5_000
 
 
@@ -64,7 +65,7 @@ class SourceEnd:
     boundary_ts: float
     stored_before: float | None
     learned_at: float
-    media: tuple[str, ...] | None = None
+    media: tuple[BlockMedium, ...] | None = None
 
 
 class ResidentOwners:
@@ -101,7 +102,7 @@ class LedgerState:
         self.owners = ResidentOwners()
         self._sources: dict[str, dict[BlockKey, Resident]] = {}
         self.silent: set[str] = set()  # sources whose open records are unknown now
-        self.resident_counts: Counter[tuple[str, str]] = Counter()  # (tenant, medium), kept as blocks move
+        self.resident_counts: Counter[tuple[str, BlockMedium]] = Counter()  # (tenant, medium), kept as blocks move
 
     def apply(self, source: str, seq: int, batch: EventBatch, policy_version: str) -> BatchOps:
         out = BatchOps(source, seq, batch.ts, policy_version)
@@ -172,7 +173,7 @@ class LedgerState:
                 self._closed(resident, medium, block_hash, ts, out)
 
     def _clear(
-        self, blocks: dict[BlockKey, Resident], media: tuple[str, ...] | None, stored_before: float | None,
+        self, blocks: dict[BlockKey, Resident], media: tuple[BlockMedium, ...] | None, stored_before: float | None,
         at: float, reason: CloseReason, out: BatchOps,
     ) -> None:
         out.ops.append(ClearOp(media, stored_before, at, reason))
@@ -180,7 +181,7 @@ class LedgerState:
         for key in doomed:
             self._closed(blocks.pop(key), key[0], key[1], at, out)
 
-    def _closed(self, resident: Resident, medium: str, block_hash: HashValue, at: float, out: BatchOps) -> None:
+    def _closed(self, resident: Resident, medium: BlockMedium, block_hash: HashValue, at: float, out: BatchOps) -> None:
         self.resident_counts[(resident.tenant, medium)] -= 1
         self.owners.discard(block_hash, Attribution(resident.tenant, resident.epoch))
         out.closed.append(Closed(resident.tenant, medium, at - resident.stored_at, resident.overdue))
@@ -230,5 +231,5 @@ class LedgerState:
                 yield found
 
 
-def _clearable(key: BlockKey, resident: Resident, media: tuple[str, ...] | None, before: float | None) -> bool:
+def _clearable(key: BlockKey, resident: Resident, media: tuple[BlockMedium, ...] | None, before: float | None) -> bool:
     return (media is None or key[0] in media) and (before is None or resident.stored_at < before)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 from prometheus_client import Counter as PromCounter
 
+from gateway.kvevents.media import BlockMedium
 from gateway.ledger.records import BatchOps, OpenOp
 from gateway.ledger.salts import DigestLru
 from gateway.metrics import GatewayMetrics
@@ -61,7 +62,7 @@ class LedgerMetrics:
                 self.metrics.block_lifetime.labels(closed.tenant, closed.medium).observe(closed.lifetime_s)
                 self._age_violation(closed.tenant, closed.lifetime_s, closed.flagged, policies)
 
-    def _medium_violations(self, tenant: str, medium: str, count: int, policies: PolicySet) -> None:
+    def _medium_violations(self, tenant: str, medium: BlockMedium, count: int, policies: PolicySet) -> None:
         policy = policies.tenants.get(tenant)
         if policy is not None and medium not in policy.offload.allowed_media:
             self.metrics.retention_violations.labels(tenant, "medium").inc(count)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
+from gateway.kvevents.media import BlockMedium
 from gateway.kvevents.wire import HashValue
 from gateway.policy.model import RESERVED_TENANT
 
@@ -32,10 +33,22 @@ class CloseReason(StrEnum):
     LOST = "lost"  # written by older versions when a source went silent; read, never written now
 
 
+class SourceEventKind(StrEnum):
+    """What happened to a whole source (stored as a `SourceEvent`'s `kind`): the close reasons that end every
+    block of a source, and the two changes that only make its blocks unknown and known again."""
+
+    RESTART = CloseReason.RESTART.value
+    RESTART_PRESUMED = CloseReason.RESTART_PRESUMED.value
+    RESET = CloseReason.RESET.value
+    LOST = CloseReason.LOST.value
+    SILENT = "silent"  # the source went quiet: its open records became unknown
+    RESUMED = "resumed"  # the same publisher process was heard again: its unknown records are resident again
+
+
 class OpenOp(NamedTuple):
     """A block became resident (a store of a hash already resident on this source and medium is no op)."""
 
-    medium: str
+    medium: BlockMedium
     block_hash: HashValue
     parent_hash: HashValue | None
     tenant: str
@@ -46,7 +59,7 @@ class OpenOp(NamedTuple):
 class CloseOp(NamedTuple):
     """A block left its medium; the store closes the open record of (source, medium, hash), if any."""
 
-    medium: str
+    medium: BlockMedium
     block_hash: HashValue
     removed_at: float
 
@@ -54,7 +67,7 @@ class CloseOp(NamedTuple):
 class ClearOp(NamedTuple):
     """Every open record of the source on `media` (all media when None) stored before `stored_before`."""
 
-    media: tuple[str, ...] | None
+    media: tuple[BlockMedium, ...] | None
     stored_before: float | None
     at: float
     reason: CloseReason
@@ -64,7 +77,7 @@ class CopiesOp(NamedTuple):
     """The open record of (source, medium, hash) is now held `copies` times by vLLM (persisted, so a gateway
     restart does not close a block at its first removal while another copy is still resident)."""
 
-    medium: str
+    medium: BlockMedium
     block_hash: HashValue
     copies: int
 
@@ -90,7 +103,7 @@ SOURCE_EVENT_KINDS = (CloseReason.RESTART, CloseReason.RESTART_PRESUMED, CloseRe
 
 class Closed(NamedTuple):
     tenant: str
-    medium: str
+    medium: BlockMedium
     lifetime_s: float
     flagged: bool  # already counted as overdue while resident
 
@@ -137,10 +150,14 @@ class SaltDigestEntry:
     digest: bytes
 
 
+# Records read back from a store keep `closed_by` and `kind` as the strings stored: a ledger may hold values
+# written by another version, and the audit reports them rather than failing on them.
+
+
 @dataclass(frozen=True)
 class BlockRecord:
     source: str
-    medium: str
+    medium: BlockMedium
     tenant: str
     epoch: int | None
     stored_at: float
@@ -153,7 +170,7 @@ class BlockRecord:
 @dataclass(frozen=True)
 class OpenBlock:
     source: str
-    medium: str
+    medium: BlockMedium
     block_hash: HashValue
     tenant: str
     epoch: int | None
@@ -190,7 +207,7 @@ class TallyRow:
     """Per (tenant, medium, epoch): counts kept by the store as records open and close (never rescanned)."""
 
     tenant: str
-    medium: str
+    medium: BlockMedium
     epoch: int | None
     stored: int
     removed: int
@@ -203,7 +220,7 @@ class TallyRow:
 @dataclass(frozen=True)
 class CloseCount:
     tenant: str
-    medium: str
+    medium: BlockMedium
     epoch: int | None
     closed_by: str
     count: int

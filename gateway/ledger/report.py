@@ -24,19 +24,22 @@ from typing import Any
 
 from gateway.kvevents.endpoints import plan_sources
 from gateway.kvevents.formats.lmcache import UNOBSERVED
+from gateway.kvevents.media import CPU, GPU
 from gateway.ledger.records import (
     CLOSING_REASONS,
     SOURCE_EVENT_KINDS,
     BlockRecord,
+    CloseReason,
     LedgerSummary,
     LifetimeStats,
     SourceEvent,
+    SourceEventKind,
     TenantPolicyRecord,
 )
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import RESERVED_TENANT, TenantPolicy
 
-BASE_MEDIA = ("GPU", "CPU")
+BASE_MEDIA = (GPU, CPU)
 NOT_AUDITABLE = "not auditable (no salt)"
 
 
@@ -150,7 +153,7 @@ def _count(tally: MediumTally, record: BlockRecord, judge: Judge | None, now: fl
     if removed_now:
         assert record.removed_at is not None
         tally.lifetimes.append(record.removed_at - record.stored_at)
-        tally.closed_by[record.closed_by or "removed"] += 1
+        tally.closed_by[record.closed_by or CloseReason.REMOVED] += 1
     if open_now:
         age = now - record.stored_at
         if tally.oldest_age is None or age > tally.oldest_age:
@@ -169,7 +172,7 @@ def _count_epoch(epoch: EpochTally, record: BlockRecord, stored_now: bool, remov
         epoch.resident += record.unknown_since is None
         epoch.unknown += record.unknown_since is not None
         return
-    if (record.closed_by or "removed") not in CLOSING_REASONS:
+    if (record.closed_by or CloseReason.REMOVED) not in CLOSING_REASONS:
         epoch.unproven_closes[record.closed_by or "?"] += 1
     if epoch.last_removed_at is None or record.removed_at > epoch.last_removed_at:
         epoch.last_removed_at = record.removed_at
@@ -322,11 +325,11 @@ def _gap_view(source: str, inputs: AuditInputs) -> dict[str, Any]:
     return {
         "source": source,
         "missing_batches": inputs.missing_batches.get(source, 0),
-        "restarts": sum(event.kind == "restart" for event in events),
-        "restarts_presumed": sum(event.kind == "restart_presumed" for event in events),
-        "lost": sum(event.kind in ("silent", "lost") for event in events),
-        "resumed": sum(event.kind == "resumed" for event in events),
-        "resets": sum(event.kind == "reset" for event in events),
+        "restarts": sum(event.kind == SourceEventKind.RESTART for event in events),
+        "restarts_presumed": sum(event.kind == SourceEventKind.RESTART_PRESUMED for event in events),
+        "lost": sum(event.kind in (SourceEventKind.SILENT, SourceEventKind.LOST) for event in events),
+        "resumed": sum(event.kind == SourceEventKind.RESUMED for event in events),
+        "resets": sum(event.kind == SourceEventKind.RESET for event in events),
         "closed_without_removal": sum(event.closed for event in events if event.kind in SOURCE_EVENT_KINDS),
         "last_restart_or_loss_at": iso(max(event.learned_at for event in events)) if events else None,
         "clock_offset_s": round(offset, 3) if (offset := inputs.clock_offsets.get(source)) is not None else None,

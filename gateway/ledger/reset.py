@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from gateway.ledger.base import LedgerStore
-from gateway.ledger.records import CONTROL_SEQ, BatchOps, ClearOp, CloseReason
+from gateway.ledger.records import CONTROL_SEQ, BatchOps, ClearOp, CloseReason, SourceEventKind
 
 OPERATOR_VERSION = "operator-reset"
 
@@ -41,7 +41,7 @@ async def reset_source(
     batch = BatchOps(source, CONTROL_SEQ, at, OPERATOR_VERSION, [ClearOp(media, stored_before, at, CloseReason.RESET)])
     await store.apply([batch])
     closed = sum(event.closed for event in await store.source_events()
-                 if event.source == source and event.kind == "reset" and event.boundary_ts == at)
+                 if event.source == source and event.kind == SourceEventKind.RESET and event.boundary_ts == at)
     return ResetResult(source, media, closed, stored_before, offset)
 
 

@@ -56,6 +56,28 @@ class Notes:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """What every point of the curve is computed from: the sample replayed through the cache model, the
+    sampling rate that scales it back to the whole trace, the inputs and the KV section of the plan."""
+
+    replayed: Sequence[RequestReplay]
+    sample: Sequence[TraceRecord]
+    rate: float
+    inputs: PlanInputs
+    kv: dict[str, Any]
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self.inputs.offload_block_tokens
+
+    @property
+    def chunk_bytes(self) -> float | None:
+        """One offload chunk across all ranks; None while the KV bytes per token are unknown."""
+        bytes_per_token = self.kv["bytes_per_token_all_ranks"]
+        return self.chunk_tokens * bytes_per_token if bytes_per_token is not None else None
+
+
 def build_plan(records: Sequence[TraceRecord], inputs: PlanInputs) -> dict[str, Any]:
     notes = Notes()
     pool = _choose_pool(records, inputs.pool, notes)
@@ -75,7 +97,8 @@ def build_plan(records: Sequence[TraceRecord], inputs: PlanInputs) -> dict[str, 
             notes.warnings.append("no trace records for this selection: nothing to predict from")
         plan |= {"curve": None, "knee": None, "recommendation": None, "budgets": _budgets(inputs, kv, None, notes)}
     else:
-        plan |= _predict(sample, rate, shape, inputs, kv, plan["working_set"], notes)
+        prediction = Prediction(replay(sample, shape, inputs.honour_max_load), sample, rate, inputs, kv)
+        plan |= _predict(prediction, shape, plan["working_set"], notes)
     _warn_one_off(plan, notes)
     plan["warnings"], plan["notes"] = notes.warnings, notes.notes
     return plan
@@ -182,32 +205,24 @@ def _cache_shape(inputs: PlanInputs, sample: Sequence[TraceRecord], rate: float,
                       offload_block_tokens=inputs.offload_block_tokens)
 
 
-def _predict(sample: Sequence[TraceRecord], rate: float, shape: CacheShape, inputs: PlanInputs,
-             kv: dict[str, Any], working_sets: Sequence[dict[str, Any]], notes: Notes) -> dict[str, Any]:
-    replayed = replay(sample, shape, inputs.honour_max_load)
+def _predict(prediction: Prediction, shape: CacheShape, working_sets: Sequence[dict[str, Any]],
+             notes: Notes) -> dict[str, Any]:
+    sample, rate, inputs, replayed = prediction.sample, prediction.rate, prediction.inputs, prediction.replayed
     _note_caps(sample, inputs, notes)
-    chunk_tokens = inputs.offload_block_tokens
-    distinct_chunks = _distinct_chunk_tokens(sample, shape) / chunk_tokens  # in sampled chunks
+    distinct_chunks = _distinct_chunk_tokens(sample, shape) / prediction.chunk_tokens  # in sampled chunks
     top = max(1, math.ceil(distinct_chunks * 1.05))
     unbounded = shares_at(replayed, top)
     knee_chunks = _knee_chunks(replayed, top, unbounded.cpu_share)
-    bpt_all = kv["bytes_per_token_all_ranks"]
-    chunk_bytes = chunk_tokens * bpt_all if bpt_all is not None else None
-
-    def point(chunks_sampled: int, label: str | None = None) -> dict[str, Any]:
-        return _point(replayed, chunks_sampled, rate, chunk_tokens, chunk_bytes, sample, inputs, label)
-
+    chunk_bytes = prediction.chunk_bytes
     steps = sorted({round(top * i / CURVE_POINTS) for i in range(CURVE_POINTS + 1)} | {knee_chunks})
-    curve = [point(n, "knee" if n == knee_chunks else None) for n in steps]
-    gpu_tokens = kv["gpu_kv_cache_tokens"]
-    evaluated = [point(_chunks_for_bytes(b, chunk_bytes, rate), f"{b} bytes") for b in inputs.evaluate_cpu_bytes] \
-        if chunk_bytes is not None else []
+    curve = [_point(prediction, n, "knee" if n == knee_chunks else None) for n in steps]
+    evaluated = [_point(prediction, _chunks_for_bytes(b, chunk_bytes, rate), f"{b} bytes")
+                 for b in inputs.evaluate_cpu_bytes] if chunk_bytes is not None else []
     if inputs.evaluate_cpu_bytes and chunk_bytes is None:
         notes.warnings.append("--cpu-bytes needs the KV bytes per token; not evaluated")
-    knee = point(knee_chunks, "knee")
-    budgets = _budgets(inputs, kv, knee, notes)
-    recommendation = _recommend(knee, unbounded.cpu_share, gpu_tokens, chunk_bytes, budgets, kv, rate, replayed,
-                                sample, inputs, notes, working_sets)
+    knee = _point(prediction, knee_chunks, "knee")
+    budgets = _budgets(inputs, prediction.kv, knee, notes)
+    recommendation = _recommend(prediction, knee, unbounded.cpu_share, budgets, working_sets, notes)
     return {"curve": curve, "evaluated": evaluated, "knee": knee, "budgets": budgets,
             "recommendation": recommendation,
             "admission": admission_effect(sample, shape, knee_chunks, inputs.honour_max_load),
@@ -255,10 +270,11 @@ def _chunks_for_bytes(cpu_bytes: int, chunk_bytes: float | None, rate: float) ->
     return int((cpu_bytes // chunk_bytes) * rate)
 
 
-def _point(replayed: Sequence[RequestReplay], chunks_sampled: int, rate: float, chunk_tokens: int,
-           chunk_bytes: float | None, sample: Sequence[TraceRecord], inputs: PlanInputs,
-           label: str | None) -> dict[str, Any]:
-    shares: TierShares = shares_at(replayed, chunks_sampled)
+def _point(prediction: Prediction, chunks_sampled: int, label: str | None) -> dict[str, Any]:
+    """The tier of `chunks_sampled` chunks (in the sample's scale): what it serves, loads and saves."""
+    sample, rate, inputs = prediction.sample, prediction.rate, prediction.inputs
+    chunk_tokens, chunk_bytes = prediction.chunk_tokens, prediction.chunk_bytes
+    shares: TierShares = shares_at(prediction.replayed, chunks_sampled)
     gpu_error, cpu_error = share_error_bound(shares, rate)
     full_chunks = chunks_sampled / rate
     span = sample[-1].ts - sample[0].ts if len(sample) > 1 else 0.0
@@ -305,11 +321,11 @@ def _budgets(inputs: PlanInputs, kv: dict[str, Any], knee: dict[str, Any] | None
             "left_for_tier_bytes": limit, "unknown": unknown}
 
 
-def _recommend(knee: dict[str, Any], best: float, gpu_tokens: int | None, chunk_bytes: float | None,
-               budgets: dict[str, Any], kv: dict[str, Any], rate: float, replayed: Sequence[RequestReplay],
-               sample: Sequence[TraceRecord], inputs: PlanInputs, notes: Notes,
-               working_sets: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _recommend(prediction: Prediction, knee: dict[str, Any], best: float, budgets: dict[str, Any],
+               working_sets: Sequence[dict[str, Any]], notes: Notes) -> dict[str, Any]:
     reasons: list[str] = []
+    inputs, kv, rate, chunk_bytes = prediction.inputs, prediction.kv, prediction.rate, prediction.chunk_bytes
+    gpu_tokens: int | None = kv["gpu_kv_cache_tokens"]
     bpt_all = kv["bytes_per_token_all_ranks"]
     if best < NOT_WORTH:
         notes.warnings.append(f"an unbounded CPU tier would serve only {best:.1%} of prompt tokens on this traffic: "
@@ -330,8 +346,7 @@ def _recommend(knee: dict[str, Any], best: float, gpu_tokens: int | None, chunk_
                        "tier and would shrink the size needed")
     current = _current_tier(inputs, kv)
     if current is not None:
-        today = _point(replayed, _chunks_for_bytes(current, chunk_bytes, rate), rate, inputs.offload_block_tokens,
-                       chunk_bytes, sample, inputs, "current")
+        today = _point(prediction, _chunks_for_bytes(current, chunk_bytes, rate), "current")
         reasons.append(f"today's tier of {_gb(current)} serves {today['cpu_share']:.1%}")
     gpu_bytes = gpu_tokens * bpt_all if gpu_tokens is not None else None
     if gpu_bytes is not None and size < gpu_bytes:
@@ -348,8 +363,7 @@ def _recommend(knee: dict[str, Any], best: float, gpu_tokens: int | None, chunk_
         if limit is None:
             reasons.append("not checked against host RAM (unknown: give --host-ram)")
         size = math.ceil(size / chunk_bytes) * chunk_bytes  # whole chunks: what the connector allocates
-    point = _point(replayed, _chunks_for_bytes(int(size), chunk_bytes, rate), rate, inputs.offload_block_tokens,
-                   chunk_bytes, sample, inputs, "recommended")
+    point = _point(prediction, _chunks_for_bytes(int(size), chunk_bytes, rate), "recommended")
     return {"cpu_bytes_to_use": int(size), "kv_offloading_size_gib": size / 2**30, "reasons": reasons,
             "point": point}
 

@@ -8,7 +8,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Scope = Literal["inference", "metrics", "admin"]
+# What `allowed_media` may list: a closed vocabulary. The media events report are an open set
+# (gateway/kvevents/media.py), each compared with this list.
 Medium = Literal["GPU", "CPU", "STORAGE", "DISK", "REMOTE"]
+
 # What a pool's vLLM servers offload through; decides what the gateway stamps into `kv_transfer_params`
 # (docs/lmcache.md). `offloading` is vLLM's native OffloadingConnector, today's behaviour.
 Connector = Literal["offloading", "lmcache", "lmcache-mp", "none"]

@@ -56,6 +56,19 @@ class TraceSettings:
     default_chars_per_token: float = 4.0
 
 
+@dataclass(frozen=True, slots=True)
+class FinishedRequest:
+    """One finished generation request, as the trace sees it."""
+
+    tenant: str
+    epoch: int  # the tenant's salt epoch the request ran under
+    pool: str
+    parts: PromptParts | None  # references into the request body; None when it had no prompt to read
+    usage: Usage | None
+    user: str | None = None  # given only for tenants whose cache is isolated per end user
+    caps: TransferCaps = (None, None)  # (max_offload_tokens, max_load_tokens) as sent upstream
+
+
 @dataclass(frozen=True)
 class Job:
     """A sampled request waiting for its full chain."""
@@ -114,23 +127,22 @@ class ReuseTrace:
 
     # -- the request path -------------------------------------------------------------------------------
 
-    def observe(self, tenant: str, epoch: int, pool: str, parts: PromptParts | None, usage: Usage | None,
-                user: str | None = None, caps: TransferCaps = (None, None)) -> str:
-        """Note one finished generation request; returns the outcome it was counted under. `user` is given for
-        tenants whose cache is isolated per end user: their blocks are never shared, so neither are their
-        fingerprints."""
-        outcome = self._admit(tenant, epoch, pool, parts, usage, user, caps)
-        self.metrics.requests.labels(tenant, outcome).inc()
+    def observe(self, request: FinishedRequest) -> str:
+        """Note one finished generation request; returns the outcome it was counted under. A request with a
+        `user` gets fingerprints of its own: blocks isolated per end user are never shared, so neither are
+        their fingerprints."""
+        outcome = self._admit(request)
+        self.metrics.requests.labels(request.tenant, outcome).inc()
         return outcome
 
-    def _admit(self, tenant: str, epoch: int, pool: str, parts: PromptParts | None, usage: Usage | None,
-               user: str | None, caps: TransferCaps) -> str:
+    def _admit(self, request: FinishedRequest) -> str:
+        parts, usage, user = request.parts, request.usage, request.user
         length = parts.units if parts is not None else 0
         if parts is None or not length:
             return "no_prompt"
         if usage is None or usage.prompt_tokens <= 0:
             return "no_usage"
-        state = self._tenant(tenant)
+        state = self._tenant(request.tenant)
         text = parts.ids is None
         if text:  # observed first: a tenant's very first text request is already cut at its own ratio
             state.chars_per_token.observe(length, usage.prompt_tokens)
@@ -145,8 +157,8 @@ class ReuseTrace:
         if len(self._jobs) >= self.settings.max_pending or \
                 self._pending_units + length > self.settings.max_pending_units:
             return "dropped_queue_full"
-        self._jobs.append(Job(time.time(), tenant, pool, epoch, parts, length, usage, units, chars_per_token,
-                              state.sampler.rate, key, caps))
+        self._jobs.append(Job(time.time(), request.tenant, request.pool, request.epoch, parts, length, usage, units,
+                              chars_per_token, state.sampler.rate, key, request.caps))
         self._pending_units += length
         self._wake.set()
         return "sampled"

@@ -10,7 +10,7 @@ from gateway.outcomes import Outcome
 from gateway.proxy.features import Call, Finish, RequestFeature
 from gateway.proxy.record import Exchange
 from gateway.reuse.fingerprint import PromptParts, canonical_parts
-from gateway.reuse.trace import ReuseTrace, TransferCaps
+from gateway.reuse.trace import FinishedRequest, ReuseTrace, TransferCaps
 from gateway.routes import Kind
 
 log = get_logger(__name__)
@@ -39,7 +39,8 @@ class ReuseTraceFeature(RequestFeature):
         tenant = call.tenant
         user = call.user if tenant.cache.isolation == "user" else None  # users whose blocks are never shared
         try:
-            self.trace.observe(tenant.tenant, tenant.cache.salt_epoch, call.pool_name, parts, ex.usage, user, caps)
+            self.trace.observe(FinishedRequest(tenant.tenant, tenant.cache.salt_epoch, call.pool_name, parts, ex.usage,
+                                               user, caps))
         except Exception as error:  # the reply is already sent: a trace bug must not touch the request's outcome
             self._failed(call, error)
 

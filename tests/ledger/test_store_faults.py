@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
+from gateway.ledger.auditor import LedgerUnavailable
 from gateway.ledger.base import LedgerStore
 from gateway.ledger.redis_store import RedisStore
-from gateway.ledger.service import LedgerUnavailable
 from gateway.ledger.sqlite_store import SqliteStore
 from tests.harness import expected_salt
 from tests.ledger.publisher import VllmPublisher, removed, stored
@@ -65,7 +65,8 @@ def _errors(ledger: Running, kind: str) -> Callable[[], Awaitable[float]]:
 
 def _writer_alive(ledger: Running) -> bool:
     """The writer handled the fault itself: still running, never restarted by the supervisor."""
-    running = any(task.get_name().endswith("ledger-writer") and not task.done() for task in ledger.service._own)
+    tasks = ledger.service.runner.running
+    running = any(task.get_name().endswith("ledger-writer") and not task.done() for task in tasks)
     return running and ledger.sample("kvgate_ledger_task_restarts_total", task="ledger-writer") == 0
 
 
@@ -197,7 +198,7 @@ def test_a_ledger_task_that_ends_is_restarted_and_counted(tmp_path: Path, publis
 
     async def scenario() -> None:
         async with running_ledger(root, backend) as ledger:
-            ledger.service._own.append(ledger.service._keep_running("test-task", flaky))
+            ledger.service.runner.keep_running("test-task", flaky)
             await eventually(
                 lambda: _value((ledger.sample("kvgate_ledger_task_restarts_total", task="test-task"), len(runs))),
                 lambda seen: seen == (2.0, 3))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.devtools.loadtest.workload_run import WorkloadResult, run_workload
+from gateway.devtools.loadtest.workload_run import WorkloadResult, WorkloadTarget, run_workload
 from gateway.devtools.loadtest.workload_stack import WORKLOADS, kvgate_plan, sim_argv, started, wait_for_trace
 from gateway.devtools.localproc import free_port, kvgate_command
 from tests.harness import PolicyDir, new_secret
@@ -35,8 +35,8 @@ def test_caps_are_modelled(tmp_path: Path) -> None:
         async def drive() -> list[WorkloadResult]:
             async with httpx.AsyncClient(timeout=60.0) as http:
                 return list(await asyncio.gather(*[
-                    run_workload(http, gateway["gateway"].url, policies.keys[name], "m", spec, 1,
-                                 f"{servers[name].url}/metrics") for name in CAPS]))
+                    run_workload(http, WorkloadTarget(gateway["gateway"].url, policies.keys[name], "m", 1,
+                                                      f"{servers[name].url}/metrics"), spec) for name in CAPS]))
 
         measured = dict(zip(CAPS, asyncio.run(drive()), strict=True))
         for name in CAPS:

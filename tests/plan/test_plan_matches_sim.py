@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.devtools.loadtest.workload_run import WorkloadResult, run_workload
+from gateway.devtools.loadtest.workload_run import WorkloadResult, WorkloadTarget, run_workload
 from gateway.devtools.loadtest.workload_stack import (
     WORKLOADS,
     kvgate_plan,
@@ -49,8 +49,8 @@ def _policies(root: Path, ports: dict[str, int]) -> PolicyDir:
 async def _replay(gateway: str, keys: dict[str, str], sims: dict[str, str], tenants: list[str]) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=60.0) as http:
         results = await asyncio.gather(*[
-            run_workload(http, gateway, keys[tenant], "m", WORKLOADS[tenant.split("-")[0]], 1,
-                         f"{sims[tenant]}/metrics") for tenant in tenants])
+            run_workload(http, WorkloadTarget(gateway, keys[tenant], "m", 1, f"{sims[tenant]}/metrics"),
+                         WORKLOADS[tenant.split("-")[0]]) for tenant in tenants])
     return dict(zip(tenants, results, strict=True))
 
 

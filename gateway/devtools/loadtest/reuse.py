@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gateway.devtools.loadtest.model import ScenarioError
 from gateway.devtools.loadtest.stack import OwnedServer
 from gateway.devtools.loadtest.targets import Access, TenantAccess, wait_healthy
-from gateway.devtools.loadtest.workload_run import WorkloadResult, run_workload
+from gateway.devtools.loadtest.workload_run import WorkloadResult, WorkloadTarget, run_workload
 from gateway.devtools.loadtest.workloads import WorkloadSpec
 from gateway.devtools.localproc import free_port, kvgate_command
 from gateway.keys import hash_key, new_key
@@ -130,8 +130,8 @@ async def one_run(scenario: ReuseScenario, target: Target, cpu_bytes: int) -> di
             await asyncio.to_thread(wait_healthy, target.upstream, scenario.restart_timeout_s)
         started = time.time()
         key = target.access.tenants[scenario.tenant].key
-        result = await run_workload(http, target.gateway, key, scenario.model, scenario.workload,
-                                    scenario.max_tokens, f"{target.upstream}/metrics")
+        sent_to = WorkloadTarget(target.gateway, key, scenario.model, scenario.max_tokens, f"{target.upstream}/metrics")
+        result = await run_workload(http, sent_to, scenario.workload)
         plan = await _plan(http, target, scenario, started, cpu_bytes)
     return {"cpu_bytes_to_use": cpu_bytes, "measured": result.to_json(), "plan": plan,
             "comparison": compare(plan, result, scenario.tolerance)}

@@ -22,6 +22,17 @@ MEASURED = ("vllm:prefix_cache_hits_total", "vllm:external_prefix_cache_hits_tot
             "vllm:kv_offload_load_bytes_total", "vllm:kv_offload_store_bytes_total")
 
 
+@dataclass(frozen=True)
+class WorkloadTarget:
+    """Where a workload is sent and as whom, and where the upstream's counters are read."""
+
+    gateway_url: str
+    key: str
+    model: str
+    max_tokens: int
+    metrics_url: str | None = None  # the upstream's /metrics; None: no before/after counters
+
+
 @dataclass
 class WorkloadResult:
     started_at: float
@@ -64,18 +75,18 @@ async def upstream_samples(http: httpx.AsyncClient, metrics_url: str) -> Samples
     return accumulating_samples(response.text)
 
 
-async def run_workload(http: httpx.AsyncClient, gateway_url: str, key: str, model: str, spec: WorkloadSpec,
-                       max_tokens: int, metrics_url: str | None) -> WorkloadResult:
+async def run_workload(http: httpx.AsyncClient, target: WorkloadTarget, spec: WorkloadSpec) -> WorkloadResult:
     """Replay the workload one request after another (paced at `spec.rate` when it is set)."""
+    metrics_url = target.metrics_url
     before = await upstream_samples(http, metrics_url) if metrics_url else {}
     result = WorkloadResult(started_at=time.time())
     start = time.monotonic()
-    headers = {"Authorization": f"Bearer {key}"}
+    headers = {"Authorization": f"Bearer {target.key}"}
     for request in generate(spec):
         if spec.rate > 0:
             await _pace(start + request.index / spec.rate)
-        route, body = request_body(request, spec, model, max_tokens)
-        response = await http.post(f"{gateway_url}{route}", json=body, headers=headers)
+        route, body = request_body(request, spec, target.model, target.max_tokens)
+        response = await http.post(f"{target.gateway_url}{route}", json=body, headers=headers)
         result.requests += 1
         if response.status_code != 200:
             result.failures += 1

@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.kvevents.media import CPU, DISK, GPU, REMOTE, BlockMedium
 from gateway.kvevents.wire import (
     AllBlocksCleared,
     BatchDecoder,
@@ -36,10 +37,10 @@ from gateway.kvevents.wire import (
     KvEvent,
 )
 
-MEDIUM_GROUPS: dict[str, tuple[str, ...]] = {
-    "CPU": ("cpu", "localcpubackend", "local_cpu", "pinned", "cxl"),
-    "DISK": ("disk", "localdiskbackend", "local_disk", "gds", "gdsbackend", "weka", "nvme", "file", "fs"),
-    "REMOTE": ("remote", "remotebackend", "redis", "valkey", "lm", "mooncake", "infinistore", "s3", "nixl",
+MEDIUM_GROUPS: dict[BlockMedium, tuple[str, ...]] = {
+    CPU: ("cpu", "localcpubackend", "local_cpu", "pinned", "cxl"),
+    DISK: ("disk", "localdiskbackend", "local_disk", "gds", "gdsbackend", "weka", "nvme", "file", "fs"),
+    REMOTE: ("remote", "remotebackend", "redis", "valkey", "lm", "mooncake", "infinistore", "s3", "nixl",
                "p2p", "blackhole"),
 }
 MEDIUM_OF = {name: group for group, names in MEDIUM_GROUPS.items() for name in names}
@@ -53,10 +54,10 @@ PREFIX_CAPACITY = 200_000  # GPU blocks remembered per source: far more than one
 Prefix = tuple[int, int]
 
 
-def lmcache_medium(name: str | None) -> str:
+def lmcache_medium(name: str | None) -> BlockMedium:
     """The policy medium for an LMCache medium name."""
     if not name:
-        return "CPU"
+        return CPU
     return MEDIUM_OF.get(name.lower(), name.upper())
 
 
@@ -113,11 +114,11 @@ class LMCacheDecoder:
         return EventBatch(ts=batch.ts, events=[self._convert(event) for event in batch.events])
 
     def _convert(self, event: _TokenStored | BlockRemoved | AllBlocksCleared) -> KvEvent:
-        if isinstance(event, BlockRemoved) and event.medium not in (None, "GPU"):
+        if isinstance(event, BlockRemoved) and event.medium not in (None, GPU):
             return self._removed(event)
         if not isinstance(event, _TokenStored):
             return event
-        if event.medium in (None, "GPU"):
+        if event.medium in (None, GPU):
             self._learn_gpu(event)
             return BlockStored(event.block_hashes, event.parent_block_hash, event.medium, event.extra_keys)
         return self._chunk(event)

@@ -3,9 +3,10 @@
 Two connections, each a `gateway.storage.sqlite.SqliteWorker` (one thread each, the process's one SQLite
 convention), both the ledger's own rather than the request path's shared worker:
 
-- the **writer**: flushes, compaction and the reads the writer itself needs (cursors, open blocks). A flush
-  of thousands of block records, or a compaction step, must not hold up the rate-limit and admission
-  statements of the request path, which run on the shared worker.
+- the **writer**: flushes, compaction and the reads the writer itself needs (cursors, open blocks). The
+  rate-limit and admission statements of the request path run on the process's shared worker and must not
+  queue on one thread behind a flush of thousands of block records or a compaction step (writes still take
+  turns on the file's write lock, one transaction at a time).
 - the **reader** (`query_only`): what the audit reads. In WAL mode a reader sees the last committed state
   and never waits for the writer, so `/admin/audit` does not queue behind a flush or a compaction step. Each
   report reads one snapshot (one read transaction), so its totals agree with each other.

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from gateway.kvevents.sequence import Cursor
 from gateway.kvevents.wire import HashValue
 from gateway.ledger import sqlite_tally
+from gateway.ledger.audit import summary_report_from
 from gateway.ledger.hashcodec import from_sql, to_sql
 from gateway.ledger.records import (
     SOURCE_EVENT_KINDS,
@@ -49,6 +50,8 @@ from gateway.ledger.records import (
     SourceEvent,
     TenantPolicyRecord,
 )
+from gateway.ledger.report import AuditInputs
+from gateway.policy.loader import PolicySet
 from gateway.storage.sqlite import SqliteOptions, SqliteWorker
 
 T = TypeVar("T")
@@ -320,7 +323,7 @@ class SqliteStore:
         await self._writer.transaction(_write_many, sql, [(source, offset, at) for source, offset in offsets.items()])
 
     async def clock_offsets(self) -> dict[str, float]:
-        return dict(await self._read(_select, "SELECT source, offset_s FROM ledger_clock", ()))
+        return await self._read(_clock_offsets)
 
     async def remember_policies(self, entries: Sequence[TenantPolicyRecord]) -> None:
         sql = ("INSERT INTO ledger_tenant_policies VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant) DO UPDATE "
@@ -330,10 +333,7 @@ class SqliteStore:
         await self._writer.transaction(_write_many, sql, rows)
 
     async def tenant_policies(self) -> dict[str, TenantPolicyRecord]:
-        rows = await self._read(_select, "SELECT tenant, retention_s, media, policy_version, seen_at "
-                               "FROM ledger_tenant_policies", ())
-        return {tenant: TenantPolicyRecord(tenant, retention, tuple(filter(None, media.split(","))), version, seen)
-                for tenant, retention, media, version, seen in rows}
+        return await self._read(_tenant_policies)
 
     async def records(self, since: float | None, tenant: str | None) -> list[BlockRecord]:
         closed: list[str] = ["1 = 1"]
@@ -369,12 +369,44 @@ class SqliteStore:
         return deleted
 
     async def missing_batches(self) -> dict[str, int]:
-        sql = "SELECT source, SUM(last_seq - first_seq + 1) FROM ledger_gaps GROUP BY source"
-        return dict(await self._read(_select, sql, ()))
+        return await self._read(_missing_batches)
 
     async def source_events(self) -> list[SourceEvent]:
-        sql = "SELECT source, kind, boundary_ts, learned_at, closed FROM ledger_source_events ORDER BY learned_at"
-        return [SourceEvent(*row) for row in await self._read(_select, sql, ())]
+        return await self._read(_source_events)
+
+    async def summary_report(
+        self, policies: PolicySet, tenant: str | None, clock_offsets: dict[str, float], now: float,
+    ) -> dict[str, Any]:
+        """The unwindowed audit in one call on the reader's thread, from one snapshot (`OneReadStore`)."""
+        return await self._read(_summary_report, policies, tenant, clock_offsets, now)
+
+
+def _clock_offsets(db: sqlite3.Connection) -> dict[str, float]:
+    return dict(db.execute("SELECT source, offset_s FROM ledger_clock").fetchall())
+
+
+def _tenant_policies(db: sqlite3.Connection) -> dict[str, TenantPolicyRecord]:
+    rows = db.execute("SELECT tenant, retention_s, media, policy_version, seen_at FROM ledger_tenant_policies")
+    return {tenant: TenantPolicyRecord(tenant, retention, tuple(filter(None, media.split(","))), version, seen)
+            for tenant, retention, media, version, seen in rows}
+
+
+def _missing_batches(db: sqlite3.Connection) -> dict[str, int]:
+    return dict(db.execute("SELECT source, SUM(last_seq - first_seq + 1) FROM ledger_gaps GROUP BY source"))
+
+
+def _source_events(db: sqlite3.Connection) -> list[SourceEvent]:
+    sql = "SELECT source, kind, boundary_ts, learned_at, closed FROM ledger_source_events ORDER BY learned_at"
+    return [SourceEvent(*row) for row in db.execute(sql)]
+
+
+def _summary_report(
+    db: sqlite3.Connection, policies: PolicySet, tenant: str | None, clock_offsets: dict[str, float], now: float,
+) -> dict[str, Any]:
+    inputs = AuditInputs([], _missing_batches(db), _source_events(db), _clock_offsets(db) | clock_offsets,
+                         _tenant_policies(db))
+    return summary_report_from(lambda limits, offsets: sqlite_tally.summary(db, limits, offsets, now, tenant),
+                               inputs, policies, tenant, now)
 
 
 def _set_up(db: sqlite3.Connection) -> None:

@@ -3,9 +3,10 @@
 Two connections, each a `gateway.storage.sqlite.SqliteWorker` (one thread each, the process's one SQLite
 convention), both the ledger's own rather than the request path's shared worker:
 
-- the **writer**: flushes, compaction and the reads the writer itself needs (cursors, open blocks). A flush
-  of thousands of block records, or a compaction step, must not hold up the rate-limit and admission
-  statements of the request path, which run on the shared worker.
+- the **writer**: flushes, compaction and the reads the writer itself needs (cursors, open blocks). The
+  rate-limit and admission statements of the request path run on the process's shared worker and must not
+  queue on one thread behind a flush of thousands of block records or a compaction step (writes still take
+  turns on the file's write lock, one transaction at a time).
 - the **reader** (`query_only`): what the audit reads. In WAL mode a reader sees the last committed state
   and never waits for the writer, so `/admin/audit` does not queue behind a flush or a compaction step. Each
   report reads one snapshot (one read transaction), so its totals agree with each other.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from itertools import groupby
 from pathlib import Path
@@ -28,6 +30,7 @@ from typing import Any, TypeVar
 from gateway.kvevents.sequence import Cursor
 from gateway.kvevents.wire import HashValue
 from gateway.ledger import sqlite_tally
+from gateway.ledger.audit import summary_report_from
 from gateway.ledger.hashcodec import from_sql, to_sql
 from gateway.ledger.records import (
     SOURCE_EVENT_KINDS,
@@ -47,6 +50,8 @@ from gateway.ledger.records import (
     SourceEvent,
     TenantPolicyRecord,
 )
+from gateway.ledger.report import AuditInputs
+from gateway.policy.loader import PolicySet
 from gateway.storage.sqlite import SqliteOptions, SqliteWorker
 
 T = TypeVar("T")
@@ -94,8 +99,14 @@ CREATE TABLE IF NOT EXISTS ledger_salt_digests (
 OPEN_SQL = ("INSERT OR IGNORE INTO ledger_open (source, medium, hash, parent, tenant, epoch, stored_at, "
             "policy_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 OPEN_COLUMNS = "source, medium, hash, parent, tenant, epoch, stored_at, policy_version, unknown_since"
-CLOSE_MANY_SQL = (f"DELETE FROM ledger_open WHERE source = ? "  # noqa: S608
-                  f"AND (medium, hash) IN (SELECT medium, hash FROM temp.ledger_closing) RETURNING {OPEN_COLUMNS}")
+# A batch's removals: copied to `ledger_closed` with their times (returning what the totals need), then deleted.
+CLOSE_COPY_SQL = (f"INSERT INTO ledger_closed ({OPEN_COLUMNS}, removed_at, closed_by) "  # noqa: S608
+                  "SELECT o.source, o.medium, o.hash, o.parent, o.tenant, o.epoch, o.stored_at, o.policy_version, "
+                  "o.unknown_since, c.removed_at, 'removed' FROM temp.ledger_closing AS c JOIN ledger_open AS o "
+                  "ON o.source = ? AND o.medium = c.medium AND o.hash = c.hash "
+                  "RETURNING tenant, medium, epoch, stored_at, removed_at, unknown_since")
+CLOSE_DELETE_SQL = ("DELETE FROM ledger_open WHERE source = ? "
+                    "AND (medium, hash) IN (SELECT medium, hash FROM temp.ledger_closing)")
 CLOSED_SQL = (f"INSERT INTO ledger_closed ({OPEN_COLUMNS}, removed_at, closed_by) "  # noqa: S608
               f"VALUES ({', '.join('?' * 11)})")
 CURSOR_SQL = ("INSERT INTO ledger_cursors (source, seq, ts) VALUES (?, ?, ?) ON CONFLICT (source) DO UPDATE "
@@ -210,8 +221,7 @@ class SqliteStore:
         opened = self._delta.opened
         if db.total_changes - before_changes == len(ops):
             db.execute("RELEASE ledger_open_rows")
-            for op in ops:
-                opened(batch.source, op.tenant, op.medium, op.epoch)
+            self._delta.opened_many(batch.source, Counter((op.tenant, op.medium, op.epoch) for op in ops))
             return
         db.execute("ROLLBACK TO ledger_open_rows")
         db.execute("RELEASE ledger_open_rows")
@@ -220,16 +230,21 @@ class SqliteStore:
                 opened(batch.source, op.tenant, op.medium, op.epoch)
 
     def _close(self, batch: BatchOps, ops: list[CloseOp]) -> None:
-        """All removals of a run in one statement, through a temporary key table, so the closed records come
-        back with what the totals need; each keeps its own removal time (the first, if a block is named
-        twice: the second removal found it closed)."""
+        """All removals of a run in two statements, through a temporary key table: the records are copied to
+        `ledger_closed` (which returns what the totals need) and deleted from `ledger_open`. Each keeps its
+        own removal time (the first, if a block is named twice: the second removal found it closed)."""
         removed_at: dict[tuple[str, Any], float] = {}
         for op in ops:
             removed_at.setdefault((op.medium, to_sql(op.block_hash)), op.removed_at)
-        self.db.executemany("INSERT INTO temp.ledger_closing VALUES (?, ?)", list(removed_at))
-        rows = self.db.execute(CLOSE_MANY_SQL, (batch.source,)).fetchall()
-        self.db.execute("DELETE FROM temp.ledger_closing")
-        self._move_closed(batch, rows, [removed_at[(row[1], row[2])] for row in rows], "removed")
+        db = self.db
+        db.executemany("INSERT INTO temp.ledger_closing VALUES (?, ?, ?)",
+                       [(medium, block, at) for (medium, block), at in removed_at.items()])
+        rows = db.execute(CLOSE_COPY_SQL, (batch.source,)).fetchall()
+        db.execute(CLOSE_DELETE_SQL, (batch.source,))
+        db.execute("DELETE FROM temp.ledger_closing")
+        closed = self._delta.closed
+        for tenant, medium, epoch, stored_at, at, unknown_since in rows:
+            closed(batch.source, tenant, medium, epoch, "removed", stored_at, at, unknown_since is not None)
 
     def _move_closed(self, batch: BatchOps, rows: list[Any], removed_at: list[float], reason: str) -> None:
         """Rows deleted from `ledger_open` (OPEN_COLUMNS) go to `ledger_closed` and into the totals."""
@@ -308,7 +323,7 @@ class SqliteStore:
         await self._writer.transaction(_write_many, sql, [(source, offset, at) for source, offset in offsets.items()])
 
     async def clock_offsets(self) -> dict[str, float]:
-        return dict(await self._read(_select, "SELECT source, offset_s FROM ledger_clock", ()))
+        return await self._read(_clock_offsets)
 
     async def remember_policies(self, entries: Sequence[TenantPolicyRecord]) -> None:
         sql = ("INSERT INTO ledger_tenant_policies VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant) DO UPDATE "
@@ -318,10 +333,7 @@ class SqliteStore:
         await self._writer.transaction(_write_many, sql, rows)
 
     async def tenant_policies(self) -> dict[str, TenantPolicyRecord]:
-        rows = await self._read(_select, "SELECT tenant, retention_s, media, policy_version, seen_at "
-                               "FROM ledger_tenant_policies", ())
-        return {tenant: TenantPolicyRecord(tenant, retention, tuple(filter(None, media.split(","))), version, seen)
-                for tenant, retention, media, version, seen in rows}
+        return await self._read(_tenant_policies)
 
     async def records(self, since: float | None, tenant: str | None) -> list[BlockRecord]:
         closed: list[str] = ["1 = 1"]
@@ -357,12 +369,44 @@ class SqliteStore:
         return deleted
 
     async def missing_batches(self) -> dict[str, int]:
-        sql = "SELECT source, SUM(last_seq - first_seq + 1) FROM ledger_gaps GROUP BY source"
-        return dict(await self._read(_select, sql, ()))
+        return await self._read(_missing_batches)
 
     async def source_events(self) -> list[SourceEvent]:
-        sql = "SELECT source, kind, boundary_ts, learned_at, closed FROM ledger_source_events ORDER BY learned_at"
-        return [SourceEvent(*row) for row in await self._read(_select, sql, ())]
+        return await self._read(_source_events)
+
+    async def summary_report(
+        self, policies: PolicySet, tenant: str | None, clock_offsets: dict[str, float], now: float,
+    ) -> dict[str, Any]:
+        """The unwindowed audit in one call on the reader's thread, from one snapshot (`OneReadStore`)."""
+        return await self._read(_summary_report, policies, tenant, clock_offsets, now)
+
+
+def _clock_offsets(db: sqlite3.Connection) -> dict[str, float]:
+    return dict(db.execute("SELECT source, offset_s FROM ledger_clock").fetchall())
+
+
+def _tenant_policies(db: sqlite3.Connection) -> dict[str, TenantPolicyRecord]:
+    rows = db.execute("SELECT tenant, retention_s, media, policy_version, seen_at FROM ledger_tenant_policies")
+    return {tenant: TenantPolicyRecord(tenant, retention, tuple(filter(None, media.split(","))), version, seen)
+            for tenant, retention, media, version, seen in rows}
+
+
+def _missing_batches(db: sqlite3.Connection) -> dict[str, int]:
+    return dict(db.execute("SELECT source, SUM(last_seq - first_seq + 1) FROM ledger_gaps GROUP BY source"))
+
+
+def _source_events(db: sqlite3.Connection) -> list[SourceEvent]:
+    sql = "SELECT source, kind, boundary_ts, learned_at, closed FROM ledger_source_events ORDER BY learned_at"
+    return [SourceEvent(*row) for row in db.execute(sql)]
+
+
+def _summary_report(
+    db: sqlite3.Connection, policies: PolicySet, tenant: str | None, clock_offsets: dict[str, float], now: float,
+) -> dict[str, Any]:
+    inputs = AuditInputs([], _missing_batches(db), _source_events(db), _clock_offsets(db) | clock_offsets,
+                         _tenant_policies(db))
+    return summary_report_from(lambda limits, offsets: sqlite_tally.summary(db, limits, offsets, now, tenant),
+                               inputs, policies, tenant, now)
 
 
 def _set_up(db: sqlite3.Connection) -> None:
@@ -374,7 +418,8 @@ def _set_up(db: sqlite3.Connection) -> None:
                 db.execute(f"ALTER TABLE ledger_blocks ADD COLUMN {column} {kind}")
         db.executescript(f"BEGIN IMMEDIATE; {MIGRATE_LEGACY} COMMIT;")
     sqlite_tally.install(db)
-    db.execute("CREATE TEMP TABLE IF NOT EXISTS ledger_closing (medium TEXT NOT NULL, hash NOT NULL)")
+    db.execute("DROP TABLE IF EXISTS temp.ledger_closing")
+    db.execute("CREATE TEMP TABLE ledger_closing (medium TEXT NOT NULL, hash NOT NULL, removed_at REAL NOT NULL)")
 
 
 def _snapshot(db: sqlite3.Connection, work: Callable[..., T], args: tuple[Any, ...]) -> T:

@@ -101,6 +101,14 @@ class TallyDelta:
         key = (source, tenant, medium)
         self.open_by_source[key] = self.open_by_source.get(key, 0) + change
 
+    def opened_many(self, source: str, counts: Mapping[tuple[str, str, int | None], int]) -> None:
+        """`counts`: blocks opened per (tenant, medium, epoch), all on `source`."""
+        for (tenant, medium, epoch), count in counts.items():
+            self._source_open(source, tenant, medium, count)
+            row = self._row(tenant, medium, epoch)
+            row[0] += count
+            row[2] += count
+
     def opened(self, source: str, tenant: str, medium: str, epoch: int | None) -> None:
         self._source_open(source, tenant, medium, 1)
         row = self._row(tenant, medium, epoch)

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import RedisError
+
+from gateway.errors import GatewayError
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicySet
@@ -26,6 +30,11 @@ from gateway.shadow.stats import tenant_summary
 from gateway.tasks import TaskSupervisor
 
 log = get_logger(__name__)
+
+
+class ShadowStoreUnavailable(GatewayError):
+    status_code = 503
+    error_type = "service_unavailable"
 
 
 class PrimarySlot:
@@ -143,9 +152,16 @@ class ShadowRunner:
         await self.recorder.close()
 
     async def report(self, policies: PolicySet, recent_pairs: int = 0) -> dict[str, Any]:
-        """Per-tenant summaries; with `recent_pairs`, also that many latest pairs (request ids, deltas)."""
-        await self.recorder.flush()  # this replica's own results first, so the report is never behind it
-        tenants = {name: await self._tenant_report(name, recent_pairs) for name in sorted(policies.tenants)}
+        """Per-tenant summaries; with `recent_pairs`, also that many latest pairs (request ids, deltas).
+
+        A store that cannot be read is a 503 the caller may retry, not a failure of the gateway.
+        """
+        try:
+            await self.recorder.flush()  # this replica's own results first, so the report is never behind it
+            tenants = {name: await self._tenant_report(name, recent_pairs) for name in sorted(policies.tenants)}
+        except (RedisError, sqlite3.Error) as error:
+            raise ShadowStoreUnavailable(
+                f"The shadow store cannot be read now ({type(error).__name__}); try again.") from error
         return {"policy_version": policies.version, "tenants": tenants}
 
     async def _tenant_report(self, tenant: str, recent_pairs: int) -> dict[str, Any]:

@@ -75,7 +75,7 @@ class PrefixCache:
 
     def drop(self, blocks: Sequence[int]) -> list[int]:
         """Forget the unreferenced ones of `blocks` (their content is invalid); returns those forgotten."""
-        dropped = [block for block in blocks if self._refs.get(block) == 0]
+        dropped = [block for block in dict.fromkeys(blocks) if self._refs.get(block) == 0]  # once each
         for block in dropped:
             del self._refs[block]
             self._free.pop(block, None)

@@ -8,7 +8,8 @@
   prompt; tokens beyond the GPU hit are loaded (the last prompt token is always recomputed). LRU eviction
   of `--lmcache-chunks` chunks, with no removal events: LMCache reports none.
 - Events: one `BlockStored` per new chunk as vLLM's LMCache connector forwards them: the chunk's token-only
-  prefix hash, the previous chunk's hash as parent, the chunk's tokens, block_size = chunk size, no
+  prefix hash, the previous chunk's hash as parent, the chunk's tokens plus the next stored chunk's first
+  (257 ids for 256-token chunks, the last stored chunk 256, as captured), block_size = chunk size, no
   `extra_keys`, `medium` = `--lmcache-medium` (LMCache's own lower-case names, e.g. `cpu`). The hash carries
   no tag or salt, as in LMCache, so two identities storing one prefix send the same hashes.
 """
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -38,10 +40,10 @@ def lmcache_entries(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def identity(entries: dict[str, Any], salt: str | None, ignore_salt: bool) -> str:
-    tags = sorted(f"{key[len(TAG_PREFIX):]}%{value}" for key, value in entries.items() if key.startswith(TAG_PREFIX))
-    if salt and not ignore_salt:
-        tags.append(f"salt%{salt}")
-    return "@".join(tags)
+    """Who a chunk belongs to: the sorted (name, value) tags and the salt, serialised so that no tag name or
+    value can imitate another identity (a joined string would let a tag named `salt` pass for a cache_salt)."""
+    tags = sorted((key[len(TAG_PREFIX):], str(value)) for key, value in entries.items() if key.startswith(TAG_PREFIX))
+    return json.dumps([tags, salt if salt and not ignore_salt else None])
 
 
 def _keyed(chunk_hashes: Sequence[int], who: str) -> list[bytes]:
@@ -103,5 +105,8 @@ class LMCacheConnector:
 
     def _stored_event(self, index: int, prompt: Sequence[int], hashes: Sequence[int]) -> Event:
         parent = hashes[index - 1] if index else None
-        tokens = prompt[index * self._chunk : (index + 1) * self._chunk]
+        # As captured from LMCache 0.5.6: a chunk's token_ids run one token into the next stored chunk (257 ids
+        # for 256-token chunks); the last stored chunk has only its own.
+        stored_end = len(hashes) * self._chunk
+        tokens = prompt[index * self._chunk : min((index + 1) * self._chunk + 1, stored_end)]
         return kv_events.lmcache_stored(hashes[index], parent, tokens, self._chunk, self._medium)

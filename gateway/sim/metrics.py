@@ -3,7 +3,8 @@
 Each app instance owns its own CollectorRegistry. Counters are declared without `_total`, so the exposition
 shows `..._total` and `..._created` like a single-API-server vLLM. With `--offload` the OffloadingConnector
 families are added: the `transfer_type` ones are pre-created at 0, the flat ones get samples only after the
-first transfer (as in the captures). Not simulated: the `http_*` families of vLLM's HTTP instrumentator.
+first transfer (as in the captures). Not simulated: the `http_*` families of vLLM's HTTP instrumentator,
+`vllm:iteration_tokens_total` and the `vllm:estimated_*_per_gpu` model-FLOPs estimates.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ the event loop never waits on disk and two stores never contend for the file's w
 
 The convention for every SQLite connection kvgate opens is this class. The process's `Storage` holds the one
 shared by the request path's stores; the ledger opens its own instances (a writer and a read-only reader, see
-`gateway.ledger.sqlite_store`) so that its large flushes and compaction never hold up a rate-limit or admission
-statement, and the audit never queues behind them.
+`gateway.ledger.sqlite_store`) so that a rate-limit or admission statement never queues on one thread behind its
+large flushes and compaction, and the audit never queues behind them either.
 """
 
 from __future__ import annotations

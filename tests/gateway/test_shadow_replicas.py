@@ -110,3 +110,17 @@ def test_results_batched_in_memory_are_written_at_shutdown(sim: ServerProcess, t
     as_json = subprocess.run(kvgate_command("shadow", "report", "--policies", str(policy.root), "--format", "json"),
                              capture_output=True, text=True, env=cli_env, check=True, timeout=60)
     assert json.loads(as_json.stdout)["tenants"]["ab"]["pairs"] == 4
+
+
+def test_report_with_its_store_down_is_a_503(sim: ServerProcess, redis_server: RedisProcess, tmp_path: Path) -> None:
+    policy = ab_policy(tmp_path / "policies", sim)
+    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY, "KVGATE_REDIS_URL": redis_server.url}
+    with run_gateway(policy.root, tmp_path / "gw.log", new_secret(), env) as gateway:
+        send(gateway, policy.keys["ab"], "before the store went away")
+        wait_pairs(gateway, policy.keys["root"], 1)
+        redis_server.kill()
+        answer = httpx.get(f"{gateway.url}/admin/shadow", headers=bearer(policy.keys["root"]), timeout=30)
+    assert answer.status_code == 503
+    error = answer.json()["error"]
+    assert error["type"] == "service_unavailable"
+    assert "shadow store" in error["message"]

@@ -209,3 +209,39 @@ def test_percentiles_and_overdue_counts_across_coarse_buckets_match_the_full_sca
             await store.close()
 
     asyncio.run(scenario())
+
+
+LEGACY_SCHEMA = """
+CREATE TABLE ledger_blocks (
+    source TEXT NOT NULL, medium TEXT NOT NULL, hash NOT NULL, parent, tenant TEXT NOT NULL, epoch INTEGER,
+    stored_at REAL NOT NULL, removed_at REAL, closed_by TEXT, policy_version TEXT NOT NULL);
+CREATE UNIQUE INDEX ledger_blocks_open ON ledger_blocks(source, medium, hash) WHERE removed_at IS NULL;
+INSERT INTO ledger_blocks VALUES ('p/0', 'GPU', 1, NULL, 'acme', 1, 9000.0, NULL, NULL, 'v');
+INSERT INTO ledger_blocks VALUES ('p/0', 'GPU', 2, NULL, 'acme', 1, 9000.0, 9040.0, NULL, 'v');
+INSERT INTO ledger_blocks VALUES ('p/0', 'CPU', 2, NULL, 'acme', 1, 9000.0, 9100.0, 'reset', 'v');
+"""
+
+
+def test_a_file_with_open_and_closed_records_in_one_table_is_moved_over(tmp_path: Path) -> None:
+    """Ledgers written before open and closed records were split (one `ledger_blocks` table, without the copy
+    and unknown columns) open with every record, the totals rebuilt from them."""
+    path = tmp_path / "ledger.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.executescript(LEGACY_SCHEMA)
+
+    async def scenario() -> None:
+        store = await SqliteStore.open(path)
+        try:
+            assert [(block.block_hash, block.copies) for block in await store.open_blocks()] == [(1, 1)]
+            stored = await store.records(None, None)
+            records = sorted((r.medium, r.removed_at or 0.0, r.closed_by or "") for r in stored)
+            assert records == [("CPU", 9100.0, "reset"), ("GPU", 0.0, ""), ("GPU", 9040.0, "removed")]
+            acme = (await collect_audit(store, _policies(), "acme", None, now=NOW))["tenants"]["acme"]
+            assert (acme["GPU"]["stored"], acme["GPU"]["removed"], acme["GPU"]["resident"]) == (2, 1, 1)
+            assert acme["GPU"]["lifetime_max_s"] == 40.0 and acme["CPU"]["closed_by"] == {"reset": 1}
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT name FROM sqlite_master WHERE name = 'ledger_blocks'").fetchone() is None

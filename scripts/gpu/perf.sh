@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# CPU-only measurements on the lent host (16 cores; the GPU is not used): the relay's cost against nginx and the
+# Rust vllm-router, the prompt-size cost, `--workers N` scaling and the shadow arm's cost. The host has no
+# network, so everything it needs travels in the carried stage folder:
+#   bash scripts/gpu/perf_stage.sh            # here: wheels for Python 3.12 + nginx .debs into .stage/perf
+#   carry [".stage/perf"]; command: bash scripts/gpu/perf.sh STEP [STEP ...]
+# Steps (each writes into $OUT): check, overhead, prompt, workers, shadow. Core sets below keep the process
+# under test on its own cores, away from the upstream and the load generators.
+set -uo pipefail
+STAGE=${STAGE:-.stage/perf}
+OUT=${OUT:-/tmp/kvg-perf}
+ROUNDS=${ROUNDS:-2}
+DURATION=${DURATION:-12}
+mkdir -p "$OUT" /tmp/ngx
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$STAGE"/whl/*.whl \
+  || exit 1
+for deb in "$STAGE"/deb/*.deb; do dpkg -x "$deb" /tmp/ngx; done
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:/tmp/ngx/usr/sbin:$PATH PYTHONUNBUFFERED=1
+
+step() {
+  case "$1" in
+    check)
+      { nproc; python3 -V; nginx -v 2>&1; taskset -pc $$; vllm-router --help | head -3
+        python3 -c "import gateway, uvloop, vllm_router_rs; print('imports ok')"; } 2>&1 | tee "$OUT/check.txt" ;;
+    overhead)
+      python3 -m loadtests.proxy_overhead --out "$OUT/overhead.json" --rounds "$ROUNDS" --duration "$DURATION" \
+        ${OVERHEAD_ARGS:-} 2>&1 | tee "$OUT/overhead.log" ;;
+    prompt)
+      python3 -m loadtests.prompt_size --out "$OUT/prompt.json" ${PROMPT_ARGS:-} 2>&1 | tee "$OUT/prompt.log" ;;
+    workers)
+      python3 -m loadtests.workers_scaling --out "$OUT/workers" ${WORKERS_ARGS:-} 2>&1 | tee "$OUT/workers.log" ;;
+    shadow)
+      python3 -m loadtests.shadow_cost --out "$OUT/shadow.json" ${SHADOW_ARGS:-} 2>&1 | tee "$OUT/shadow.log" ;;
+    *) echo "unknown step $1" >&2; return 2 ;;
+  esac
+}
+
+status=0
+for name in "$@"; do
+  echo "== $name $(date -u +%T)"
+  step "$name" || status=1
+done
+exit $status

@@ -141,9 +141,24 @@ class RedisStore:
         return cursors
 
     async def open_blocks(self) -> list[OpenBlock]:
+        """Read through each source's open set, so the closed records kept until compaction are not decoded."""
         return [OpenBlock(row[0], row[1], from_token(row[2]), row[4], _epoch(row[5]), float(row[6]), _copies(row),
                           _unknown_since(row) is not None)
-                async for row in self._record_rows() if row[7] == NO_VALUE]
+                async for row in self._open_rows() if row[7] == NO_VALUE]
+
+    async def _open_rows(self) -> AsyncIterator[list[Any]]:
+        await self._call(self._backfill, args=[self.prefix])  # the sources below come from the totals
+        async with self._guard():
+            groups = await _resolved(self.client.hkeys(self._key("openby")))
+            sources = {group.decode().split(SEP, 1)[0] for group in groups} | set(await self.cursors())
+            for source in sorted(sources):
+                ids = [record_id async for _field, record_id in self.client.hscan_iter(self._key("open:" + source),
+                                                                                        count=5000)]
+                for start in range(0, len(ids), 5000):
+                    packed = await _resolved(self.client.hmget(self._key("rec"), ids[start : start + 5000]))
+                    for item in packed:
+                        if item is not None:
+                            yield msgspec.msgpack.decode(item)
 
     async def record_clock(self, offsets: dict[str, float], at: float) -> None:
         if offsets:

@@ -233,11 +233,17 @@ def test_the_audit_from_totals_equals_a_full_scan_before_and_after_compaction(ba
         assert acme["GPU"]["violations"]["age"] > 0 and acme["CPU"]["violations"]["medium"] > 0  # not vacuous
         assert gone["GPU"]["unknown"] > 0 and acme["GPU"]["unknown"] > 0
         assert summarised["compacted_before"] is None
-        records = len(await store.records(None, None))
+        every = await store.records(None, None)
+        records = len(every)
+        opened = sorted((b.source, b.medium, b.tenant, b.stored_at, b.unknown) for b in await store.open_blocks())
+        assert opened == sorted((r.source, r.medium, r.tenant, r.stored_at, r.unknown_since is not None)
+                                for r in every if r.removed_at is None)
         deleted = await _compact(store, 1400.0)
         assert deleted > 0
         assert len(await store.records(None, None)) == records - deleted
         assert await _compact(store, 1400.0) == 0  # nothing left before that time
+        assert sorted((b.source, b.medium, b.tenant, b.stored_at, b.unknown)
+                      for b in await store.open_blocks()) == opened  # compaction leaves open records alone
         _rescanned, after = await scan_and_summary(store)
         assert comparable(after) == comparable(scanned)  # the totals keep what compaction removed
         assert after["compacted_before"] == "1970-01-01T00:23:20.000Z"

@@ -5,6 +5,7 @@ Not a test. Feeds vLLM-shaped msgpack batches (an 8000-token prefill = one 500-h
 show) through the same path a subscriber uses after the socket: decode -> attribution and lifecycle ->
 batched store writes. "Per core" divides by this process's CPU time (the SQLite writer thread included);
 Redis's own CPU time is reported beside it. Run: .venv/bin/python loadtests/ingest_bench.py [--batches N]
+[--ledger BIG.sqlite3] (SQLite into a copy of a big ledger, e.g. 10M records built by loadtests/ledger_scale.py)
 """
 
 from __future__ import annotations
@@ -116,9 +117,12 @@ def redis_cpu(port: int) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
-async def run(batches: int, policies: PolicySet, workdir: Path, redis_port: int) -> list[Result]:
+async def run(batches: int, policies: PolicySet, workdir: Path, redis_port: int, ledger: Path | None) -> list[Result]:
     payloads, total = make_payloads(batches)
-    results = [await measure("sqlite", await SqliteStore.open(workdir / "bench.sqlite3"), payloads, total, policies)]
+    path = workdir / "bench.sqlite3"
+    if ledger is not None:  # into a ledger that already holds many records (a copy: the original stays as built)
+        shutil.copyfile(ledger, path)
+    results = [await measure("sqlite", await SqliteStore.open(path), payloads, total, policies)]
     before = redis_cpu(redis_port)
     store = await RedisStore.open(f"redis://127.0.0.1:{redis_port}/0")
     result = await measure("redis", store, payloads, total, policies)
@@ -144,12 +148,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=200, help="prompts (batches) to ingest")
     parser.add_argument("--policies", type=Path, default=Path("policies"))
+    parser.add_argument("--ledger", type=Path, help="SQLite: ingest into a copy of this ledger (e.g. the 10M-record "
+                        "one loadtests/ledger_scale.py --ledger builds) instead of an empty one")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
     port = free_port()
     server = start_redis(port)
     try:
-        for result in asyncio.run(run(args.batches, load_policy_set(args.policies), workdir, port)):
+        for result in asyncio.run(run(args.batches, load_policy_set(args.policies), workdir, port, args.ledger)):
             print(result.line())
     finally:
         server.terminate()

@@ -183,7 +183,8 @@ EVENTS = (
           "announcements to the ingesting worker that failed, since the gateway started. Alert: "
           "KvgateWorkerRestarted.", "short",
           (q("sum by (instance) (kvgate_worker_restarts_total)", "{{instance}} restarts"),
-           q("sum by (instance) (kvgate_worker_salt_announcements_failed_total)", "{{instance}} salt hand-offs failed")),
+           q("sum by (instance) (kvgate_worker_salt_announcements_failed_total)",
+             "{{instance}} salt hand-offs failed")),
           width=12, stat=True),
     Graph("Scrape targets up", "1 when Prometheus can scrape kvgate (with its metrics key) and each vLLM server.",
           "short", (q('up{job=~"kvgate|vllm"}', "{{job}} {{instance}}"),), width=24),

@@ -128,10 +128,16 @@ def _rows(report: dict[str, Any]) -> list[tuple[Any, ...]]:
         for medium, view in media.items():
             violations = view["violations"]
             rows.append((tenant, medium, view["stored"], view["removed"], view["resident"], view["unknown"],
-                         view["lifetime_p50_s"],
-                         view["lifetime_p99_s"], view["lifetime_max_s"], view["oldest_resident_age_s"],
-                         violations["age"], violations["medium"]))
+                         *(_known(view[name]) for name in UNKNOWABLE), violations["age"], violations["medium"]))
     return rows
+
+
+UNKNOWABLE = ("lifetime_p50_s", "lifetime_p99_s", "lifetime_max_s", "oldest_resident_age_s")
+
+
+def _known(value: float | None) -> float | str:
+    """null in the JSON (nothing removed in the window, nothing open): "unknown", never a 0 that reads as data."""
+    return "unknown" if value is None else value
 
 
 def _csv(rows: list[tuple[Any, ...]]) -> str:

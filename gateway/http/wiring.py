@@ -16,7 +16,7 @@ from gateway.epochs.floor import open_floor_store
 from gateway.epochs.guard import EpochFloorGuard
 from gateway.http.workers import IngesterClient, SiblingSalts, WorkerRole
 from gateway.ledger.feature import UserSaltFeature
-from gateway.ledger.service import LedgerService
+from gateway.ledger.service import LedgerService, LedgerWiring
 from gateway.limits.rate import open_rate_limiter
 from gateway.limits.slots import RequestLimits
 from gateway.log import get_logger
@@ -95,7 +95,7 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     session = new_session(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
     tasks = TaskSupervisor("gateway")
     tasks.spawn(holder.watch(settings.reload_interval_s), "policy-watch")
-    ledger, sibling_salts = await _ledger(settings, metrics, holder, tasks, role)
+    ledger, sibling_salts = await _ledger(settings, metrics, holder, tasks, role, storage)
     health = UpstreamHealth()
     shadow = _shadow_runner(settings, metrics, health, tasks, await open_shadow_store(storage))
     admission = Admission.on(storage, secret, settings.admission_sketch_width)
@@ -118,10 +118,10 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
 
 
 async def _ledger(settings: Settings, metrics: GatewayMetrics, holder: PolicyHolder, tasks: TaskSupervisor,
-                  role: WorkerRole | None) -> tuple[LedgerService, SiblingSalts | None]:
+                  role: WorkerRole | None, storage: Storage) -> tuple[LedgerService, SiblingSalts | None]:
     if role is None:
-        return await LedgerService.open(settings, metrics, holder, tasks), None
-    ledger = await LedgerService.open(settings, metrics, holder, tasks, ingest=role.ingests)
+        return await LedgerService.open(settings, metrics, holder, tasks, wiring=LedgerWiring(storage)), None
+    ledger = await LedgerService.open(settings, metrics, holder, tasks, wiring=LedgerWiring(storage, role.ingests))
     return ledger, SiblingSalts(role, ledger, metrics.salt_announcements_failed.inc)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -19,6 +20,8 @@ async def collect_audit(
 ) -> dict[str, Any]:
     """`clock_offsets`: a running gateway's own estimates (fresher than the store's); `now`: the gateway's
     time the report is judged at (the current time unless given)."""
+    if since is None and isinstance(store, OneReadStore):
+        return await store.summary_report(policies, tenant, clock_offsets or {}, time.time() if now is None else now)
     since_ts = since.timestamp() if since is not None else None
     offsets = (await store.clock_offsets()) | (clock_offsets or {})
     last_policies = await store.tenant_policies()
@@ -46,6 +49,27 @@ class SummaryStore(Protocol):
     async def summary(
         self, limits: dict[str, float], offsets: dict[str, float], now: float, tenant: str | None,
     ) -> LedgerSummary: ...
+
+
+@runtime_checkable
+class OneReadStore(Protocol):
+    """A store that reads everything an unwindowed report needs, and builds it, in one call off the event loop
+    (SQLite: one snapshot on its reader thread), so a busy event loop adds its delay once, not per read."""
+
+    async def summary_report(
+        self, policies: PolicySet, tenant: str | None, clock_offsets: dict[str, float], now: float,
+    ) -> dict[str, Any]: ...
+
+
+def summary_report_from(
+    summary_of: Callable[[dict[str, float], dict[str, float]], LedgerSummary], inputs: AuditInputs,
+    policies: PolicySet, tenant: str | None, now: float,
+) -> dict[str, Any]:
+    """The unwindowed report from inputs already read (`inputs.clock_offsets` merged with the gateway's) and
+    `summary_of(limits, offsets)`, the store's aggregates for those retention limits and offsets."""
+    limits = _retention_limits(policies, inputs.last_policies)
+    summary = summary_of(limits, inputs.clock_offsets)
+    return build_summary_report(summary, inputs, policies, Window(now=now, since=None), tenant)
 
 
 def _retention_limits(policies: PolicySet, last: dict[str, TenantPolicyRecord]) -> dict[str, float]:

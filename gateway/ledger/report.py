@@ -203,22 +203,29 @@ def _tenant_view(
 
 
 def _medium_view(tally: MediumTally, gap_reasons: list[str]) -> dict[str, Any]:
-    oldest = 0.0 if tally.oldest_age is None else tally.oldest_age
-    if tally.summarised is not None:
-        stats = tally.summarised
-        p50, p99, longest = round(stats.p50, 3), round(stats.p99, 3), round(stats.longest, 3)
-    else:
-        lifetimes = sorted(tally.lifetimes)
-        p50, p99 = _percentile(lifetimes, 0.50), _percentile(lifetimes, 0.99)
-        longest = round(lifetimes[-1], 3) if lifetimes else 0.0
+    """Lifetimes are null when no block was removed in the window, and the oldest age null when no block is
+    open: nothing was observed, which a 0 would misreport as an instant lifetime or a fresh block."""
+    p50, p99, longest = _lifetimes(tally)
+    oldest = None if tally.oldest_age is None else round(max(tally.oldest_age, 0.0), 3)
     return {
         "stored": tally.stored, "removed": tally.removed, "resident": tally.resident, "unknown": tally.unknown,
         "lifetime_p50_s": p50, "lifetime_p99_s": p99, "lifetime_max_s": longest,
-        "oldest_resident_age_s": round(max(oldest, 0.0), 3),
+        "oldest_resident_age_s": oldest,
         "violations": {"age": tally.age_violations, "medium": tally.medium_violations},
         "closed_by": dict(sorted(tally.closed_by.items())),
         "epochs": {str(number): _epoch_view(epoch, gap_reasons) for number, epoch in sorted(tally.epochs.items())},
     }
+
+
+def _lifetimes(tally: MediumTally) -> tuple[float | None, float | None, float | None]:
+    """p50, p99 and max lifetime of the blocks removed in the window; all None when none was."""
+    if tally.summarised is not None and tally.removed > 0:
+        stats = tally.summarised
+        return round(stats.p50, 3), round(stats.p99, 3), round(stats.longest, 3)
+    if not tally.lifetimes:
+        return None, None, None
+    lifetimes = sorted(tally.lifetimes)
+    return _percentile(lifetimes, 0.50), _percentile(lifetimes, 0.99), round(lifetimes[-1], 3)
 
 
 def _epoch_view(epoch: EpochTally, gap_reasons: list[str]) -> dict[str, Any]:
@@ -303,9 +310,7 @@ def _tallies_from_summary(summary: LedgerSummary, judges: dict[str, Judge]) -> d
 
 
 def _percentile(ordered: list[float], fraction: float) -> float:
-    """Nearest-rank percentile: a lifetime that actually occurred."""
-    if not ordered:
-        return 0.0
+    """Nearest-rank percentile of a non-empty list: a lifetime that actually occurred."""
     return round(ordered[max(0, math.ceil(fraction * len(ordered)) - 1)], 3)
 
 

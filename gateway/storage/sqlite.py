@@ -1,12 +1,20 @@
 """One SQLite connection on one dedicated thread: every statement of every store of the process runs there, so
-the event loop never waits on disk and two stores never contend for the file's write lock."""
+the event loop never waits on disk and two stores never contend for the file's write lock.
+
+The convention for every SQLite connection kvgate opens is this class. The process's `Storage` holds the one
+shared by the request path's stores; the ledger opens its own instances (a writer and a read-only reader, see
+`gateway.ledger.sqlite_store`) so that a rate-limit or admission statement never queues on one thread behind its
+large flushes and compaction, and the audit never queues behind them either.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,26 +22,53 @@ T = TypeVar("T")
 BUSY_TIMEOUT_MS = 10_000
 
 
+@dataclass(frozen=True)
+class SqliteOptions:
+    """How a worker's connection is set up. `read_only`: a WAL reader (`query_only`), which never waits for the
+    file's writer and never writes. `cache_mib` / `mmap_mib`: page cache and memory-mapped reads, for files far
+    larger than SQLite's 2 MiB default cache (a B-tree insert at a random place otherwise reads its pages from
+    the OS cache one system call each); the mapping is the OS's page cache, not this process's heap."""
+
+    busy_timeout_ms: int = BUSY_TIMEOUT_MS
+    read_only: bool = False
+    cache_mib: int | None = None
+    mmap_mib: int | None = None
+    thread_name: str = "kvgate-sqlite"
+
+
 class SqliteWorker:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, options: SqliteOptions | None = None) -> None:
         self.path = path
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-sqlite")
+        self.options = options or SqliteOptions()
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.options.thread_name)
         self._db: sqlite3.Connection | None = None
 
     @classmethod
-    async def open(cls, path: Path) -> SqliteWorker:
-        worker = cls(path)
-        await worker._submit(worker._connect)
+    async def open(cls, path: Path, options: SqliteOptions | None = None) -> SqliteWorker:
+        worker = cls(path, options)
+        try:
+            await worker._submit(worker._connect)
+        except BaseException:
+            worker._thread.shutdown(wait=False)
+            raise
         return worker
 
     def _connect(self) -> None:
+        options = self.options
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        db.execute("PRAGMA journal_mode = WAL")
+        db.execute(f"PRAGMA busy_timeout = {int(options.busy_timeout_ms)}")
+        if options.read_only:
+            db.execute("PRAGMA query_only = 1")
+        else:
+            db.execute("PRAGMA journal_mode = WAL")
         # Readers (`kvgate audit`, other processes) see every committed write; a power cut may lose the last
         # commits, never consistency, and skipping the per-commit fsync keeps writes cheap.
         db.execute("PRAGMA synchronous = NORMAL")
+        if options.cache_mib is not None:
+            db.execute(f"PRAGMA cache_size = {-1024 * int(options.cache_mib)}")  # negative: KiB
+        if options.mmap_mib is not None:
+            db.execute(f"PRAGMA mmap_size = {1024 * 1024 * int(options.mmap_mib)}")
         self._db = db
 
     async def _submit(self, work: Callable[..., T], *args: Any) -> T:
@@ -56,13 +91,15 @@ class SqliteWorker:
 
     def _in_transaction(self, work: Callable[..., T], args: tuple[Any, ...]) -> T:
         db = self.db
+        if db.in_transaction:  # a COMMIT that failed earlier (the file was busy) left one open: start clean
+            db.execute("ROLLBACK")
         db.execute("BEGIN IMMEDIATE")
         try:
             result = work(db, *args)
+            db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            _rollback(db)
             raise
-        db.execute("COMMIT")
         return result
 
     async def close(self) -> None:
@@ -70,3 +107,10 @@ class SqliteWorker:
             await self._submit(self._db.close)
             self._db = None
         self._thread.shutdown(wait=True)
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    """Best effort: the caller sees the original error and may run the whole transaction again."""
+    if db.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")

@@ -19,7 +19,24 @@ def test_the_demo_runs_every_part_and_reports_it(tmp_path: Path) -> None:
     for section in ("Traffic per tenant and pool", "TTFT p50 by phase and arm", "block-lifecycle ledger",
                     "Shadow A/B"):
         assert section in out
-    ledger_rows = [line.split() for line in out.splitlines() if re.match(r"^(acme|globex|initech)\s+(CPU|GPU)\s", line)]
-    stored_gpu = {row[0]: int(row[2]) for row in ledger_rows if row[1] == "GPU"}
+    ledger_rows = _ledger_rows(out)
+    stored_gpu = {row["tenant"]: int(row["stored"]) for row in ledger_rows if row["medium"] == "GPU"}
     assert set(stored_gpu) == {"acme", "globex", "initech"} and all(n > 0 for n in stored_gpu.values())
+    for row in ledger_rows:  # what was not observed reads "unknown", never 0
+        assert (row["lifetime p50 s"] == "unknown") == (row["removed"] == "0"), row
+        if row["resident"] != "0":
+            assert float(row["oldest s"]) >= 0.0, row
     assert "every process it started has stopped" in out
+
+
+def _ledger_rows(out: str) -> list[dict[str, str]]:
+    """The ledger table's rows by column title: columns are cut where the dashed line under the header says."""
+    lines = out.splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith("tenant ") and "oldest s" in line)
+    spans = [match.span() for match in re.finditer(r"-+", lines[start + 1])]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.strip():
+            break
+        rows.append({lines[start][a:b].strip(): line[a:b].strip() for a, b in spans})
+    return rows

@@ -45,6 +45,11 @@ def _delta(offload: float | None, control: float | None) -> float | None:
     return None if offload is None or control is None else offload - control
 
 
+def _known(value: float | None) -> float | str:
+    """The audit gives null when nothing was observed (no block removed, none open): shown as "unknown"."""
+    return "unknown" if value is None else value
+
+
 def retention_table(audit: dict[str, Any]) -> str:
     rows = []
     for tenant, media in sorted(audit.get("tenants", {}).items()):
@@ -53,7 +58,7 @@ def retention_table(audit: dict[str, Any]) -> str:
                 continue
             violations = stats.get("violations", {})
             rows.append([tenant, medium, stats["stored"], stats["removed"], stats["resident"],
-                         stats.get("lifetime_p50_s"), stats.get("oldest_resident_age_s"),
+                         _known(stats.get("lifetime_p50_s")), _known(stats.get("oldest_resident_age_s")),
                          violations.get("age", 0), violations.get("medium", 0)])
     header = ["tenant", "medium", "stored", "removed", "resident", "lifetime p50 s", "oldest s",
               "age viol.", "medium viol."]

@@ -100,12 +100,17 @@ def _ledger(report: dict[str, Any]) -> list[str]:
         for medium, stats in media.items():
             closed = ", ".join(f"{k} {v}" for k, v in (stats.get("closed_by") or {}).items()) or "–"
             rows.append([tenant, medium, str(stats.get("stored")), str(stats.get("removed")),
-                         str(stats.get("resident")), _num(stats.get("lifetime_p50_s"), 1), closed])
+                         str(stats.get("resident")), _lifetime(stats.get("lifetime_p50_s")), closed])
     header = ["tenant", "medium", "stored", "removed", "resident", "lifetime p50 s", "closed by"]
     return ["## Block ledger (from the upstreams' KV events)", "",
             "![CPU-tier blocks resident per tenant](ledger_cpu_resident.png)", "", table(header, rows), "",
             "`unattributed`: blocks whose salt matches no tenant, such as those of the direct (gateway-less) "
             "baseline requests, which carry no salt.", ""]
+
+
+def _lifetime(value: float | None) -> str:
+    """null in the audit: no block was removed, so no lifetime was observed."""
+    return "unknown" if value is None else _num(value, 1)
 
 
 def _restart(report: dict[str, Any]) -> list[str]:

@@ -92,6 +92,13 @@ class InternalError(GatewayError):
     error_type = "internal_error"
 
 
+class ServiceUnavailable(GatewayError):
+    """A store the endpoint reads (ledger, shadow results, reuse trace) cannot be read now; the client may retry."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+
+
 class UpstreamUnavailable(GatewayError):
     status_code = 502
     error_type = "upstream_error"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from gateway.errors import GatewayError
+from gateway.errors import ServiceUnavailable
 from gateway.ledger.audit import collect_audit
 from gateway.ledger.base import LedgerStore
 from gateway.ledger.ingest import ClockOffsets
@@ -14,9 +14,8 @@ from gateway.ledger.writer import BatchWriter, error_kind
 from gateway.policy.loader import PolicySet
 
 
-class LedgerUnavailable(GatewayError):
-    status_code = 503
-    error_type = "service_unavailable"
+class LedgerUnavailable(ServiceUnavailable):
+    pass
 
 
 class LedgerAuditor:

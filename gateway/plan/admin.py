@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sqlite3
 from typing import Any
 from urllib.parse import parse_qs
 
 import aiohttp
+from redis.exceptions import RedisError
 
-from gateway.errors import BadRequest, NotFound
+from gateway.errors import BadRequest, NotFound, ServiceUnavailable
 from gateway.isotime import parse_since
 from gateway.plan.build import H200_LINK_BYTES_PER_S, PlanInputs, build_plan
 from gateway.plan.kvsize import prefill_seconds_per_token, server_cache_from_metrics
@@ -34,7 +36,11 @@ async def plan_view(trace: ReuseTrace | None, policies: PolicySet, session: aioh
     if trace is None:
         raise NotFound("The reuse trace is off on this gateway (KVGATE_REUSE_TRACE=false).")
     await trace.flush()
-    records = await trace.store.read(inputs.tenant, inputs.since)
+    try:
+        records = await trace.store.read(inputs.tenant, inputs.since)
+    except (RedisError, sqlite3.Error) as error:
+        raise ServiceUnavailable(
+            f"The reuse trace store cannot be read now ({type(error).__name__}); try again.") from error
     pool = inputs.pool or policies.gateway.default_pool
     metrics = await _upstream_metrics(session, policies.gateway.pools[pool].upstreams[0])
     server = server_cache_from_metrics(metrics) if metrics else None

@@ -15,7 +15,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from gateway.errors import GatewayError
+from gateway.errors import ServiceUnavailable
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicySet
@@ -32,9 +32,8 @@ from gateway.tasks import TaskSupervisor
 log = get_logger(__name__)
 
 
-class ShadowStoreUnavailable(GatewayError):
-    status_code = 503
-    error_type = "service_unavailable"
+class ShadowStoreUnavailable(ServiceUnavailable):
+    pass
 
 
 class PrimarySlot:

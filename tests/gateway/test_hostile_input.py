@@ -1,6 +1,7 @@
 """Hostile and careless input against a served gateway: JSON shape bounds, identity-field lengths, credential
-headers with conflicting or arbitrary bytes, admin query strings, compressed upstream bodies, and the
-last-resort 500 (a real redis-server killed under the gateway)."""
+headers with conflicting or arbitrary bytes, admin query strings, compressed upstream bodies, and reports whose
+store is killed under the gateway (503, never the last-resort 500: tests/unit/http/test_last_resort.py covers
+that handler)."""
 
 from __future__ import annotations
 
@@ -219,28 +220,25 @@ def test_compressed_upstream_bodies_are_never_relayed_unlabelled(zipping_gateway
     assert reply.json()["choices"][0]["text"] == "zipped"
 
 
-# -- the last-resort handler -----------------------------------------------------------------------
+# -- a store that goes away under the gateway ------------------------------------------------------
 
 
 @pytest.mark.redis
-def test_an_unexpected_failure_is_an_openai_shaped_500_in_json_logs(sim: ServerProcess, tmp_path: Path) -> None:
+def test_reports_whose_store_is_down_answer_503_not_500(sim: ServerProcess, tmp_path: Path) -> None:
+    """Redis SIGKILLed under the gateway: every report that reads it says so with a retryable 503."""
     redis_server = RedisProcess(tmp_path / "redis").start()
     policy = standard_policy(tmp_path / "policies", sim.url)
     policy.write()
     env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY, "KVGATE_REDIS_URL": redis_server.url}
     try:
         with run_gateway(policy.root, tmp_path / "gateway.log", new_secret(), env) as gateway:
-            redis_server.kill()  # SIGKILL: the shadow store disappears under the gateway
+            redis_server.kill()
             root = bearer(policy.keys["root"])
-            reply = httpx.get(f"{gateway.url}/admin/shadow", headers=root, timeout=30)
-            assert reply.status_code == 500
-            assert error_of(reply)["code"] == "internal_error"
+            replies = {path: httpx.get(f"{gateway.url}{path}", headers=root, timeout=30)
+                       for path in ("/admin/shadow", "/admin/plan", "/admin/audit")}
             metrics = httpx.get(f"{gateway.url}/metrics", headers=bearer(policy.keys["ops"]), timeout=10).text
-            assert 'kvgate_internal_errors_total{route="/admin/shadow"} 1.0' in metrics
-            request_id = reply.headers["x-request-id"]
-        lines = [json.loads(line) for line in gateway.log_text().splitlines()]
-        logged = [line for line in lines if line.get("request_id") == request_id]
-        assert len(logged) == 1 and logged[0]["status"] == 500 and logged[0]["outcome"] == "internal_error"
-        assert logged[0]["error"] and logged[0]["stack"]
     finally:
         redis_server.stop()
+    assert {path: reply.status_code for path, reply in replies.items()} == dict.fromkeys(replies, 503)
+    assert all(error_of(reply)["type"] == "service_unavailable" for reply in replies.values())
+    assert "kvgate_internal_errors_total{" not in metrics

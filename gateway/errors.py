@@ -62,10 +62,13 @@ class RequestTimeout(GatewayError):
 
 
 class Retryable(GatewayError):
-    """A refusal the client may retry after `retry_after_s` seconds (sent as Retry-After)."""
+    """A refusal the client may retry after `retry_after_s` seconds (sent as Retry-After); every refusal of one
+    kind carries that kind's `error_code`."""
 
-    def __init__(self, message: str, *, retry_after_s: int, code: str | None = None) -> None:
-        super().__init__(message, code=code)
+    error_code: str
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, code=self.error_code)
         self.retry_after_s = retry_after_s
 
     def headers(self) -> list[tuple[bytes, bytes]]:
@@ -75,17 +78,13 @@ class Retryable(GatewayError):
 class TooManyRequests(Retryable):
     status_code = 429
     error_type = "rate_limit_error"
-
-    def __init__(self, message: str, *, retry_after_s: int) -> None:
-        super().__init__(message, retry_after_s=retry_after_s, code="rate_limit_exceeded")
+    error_code = "rate_limit_exceeded"
 
 
 class Overloaded(Retryable):
     status_code = 503
     error_type = "overloaded_error"
-
-    def __init__(self, message: str, *, retry_after_s: int) -> None:
-        super().__init__(message, retry_after_s=retry_after_s, code="overloaded")
+    error_code = "overloaded"
 
 
 class InternalError(GatewayError):

@@ -2,13 +2,21 @@
 
 Label values for `tenant` come only from the loaded policy set (plus the ledger's reserved
 `unattributed`), never from request input.
+
+Under `kvgate serve --workers N` each worker process writes its values into files in a directory shared with
+its siblings (prometheus_client's multiprocess mode, switched on by PROMETHEUS_MULTIPROC_DIR in the workers'
+environment); a scrape of any worker reads them all, so counters and histograms are host-wide sums. Every gauge
+says how it combines across workers (`multiprocess_mode`; ignored in a single process): the ledger's gauges are
+set only by the worker that ingests KV events, so a sum over live workers is that worker's value.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 # vLLM's own TTFT buckets, so gateway and engine histograms line up.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -22,8 +30,9 @@ LIFETIME_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 
 
 
 class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, multiprocess_dir: Path | None = None) -> None:
         self.registry = registry
+        self.multiprocess_dir = multiprocess_dir  # set in `--workers N` workers: scrapes read every worker's files
         self._request_metrics(registry)
         self._shadow_metrics(registry)
         self._ledger_metrics(registry)
@@ -35,7 +44,7 @@ class GatewayMetrics:
             "kvgate_policy_reloads", "Policy directory loads by result.", ["result"], registry=registry)
         self.user_salts_remembered = Gauge(
             "kvgate_user_salts_remembered", "Salt digests the ledger remembers for attribution (bounded LRU).",
-            registry=registry)
+            registry=registry, multiprocess_mode="livemax")
         self.user_salts_evicted = Counter(
             "kvgate_user_salts_evicted", "Salt digests forgotten by the bounded LRU (their blocks: unattributed).",
             registry=registry)
@@ -43,6 +52,15 @@ class GatewayMetrics:
             "kvgate_engine_fields", "Body fields that steer vLLM, dropped or refused by tenant policy.",
             ["tenant", "field", "action"], registry=registry)
         self._limit_metrics(registry)
+        self._worker_metrics(registry)
+
+    def exposition(self) -> bytes:
+        """The text a scrape returns: this process's registry, or with workers every worker's values combined."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        combined = CollectorRegistry()
+        MultiProcessCollector(combined, path=str(self.multiprocess_dir))  # type: ignore[no-untyped-call]
+        return generate_latest(combined)
 
     def prime(self, tenants: Iterable[str], shadow_outcomes: Iterable[str]) -> None:
         """Create every tenant's event counters at 0, so the first violation or mismatch is a visible rise."""
@@ -75,6 +93,22 @@ class GatewayMetrics:
         self.internal_errors = Counter(
             "kvgate_internal_errors", "Requests that hit an unexpected gateway error (answered 500 when possible).",
             ["route"], registry=registry)
+
+    def _worker_metrics(self, registry: CollectorRegistry) -> None:
+        self.worker_restarts = Counter(
+            "kvgate_worker_restarts", "Worker processes started to replace one that exited (`serve --workers`); "
+            "each replacement counts itself once it has started.", registry=registry)
+        self.workers_live = Gauge(
+            "kvgate_workers", "Worker processes serving now (1 without `--workers`).", registry=registry,
+            multiprocess_mode="livesum")
+        self.workers_live.set(1)
+        self.workers_configured = Gauge(
+            "kvgate_workers_configured", "Worker processes asked for (`serve --workers N`; 1 for a single process).",
+            registry=registry, multiprocess_mode="livemax")
+        self.workers_configured.set(1)
+        self.salt_announcements_failed = Counter(
+            "kvgate_worker_salt_announcements_failed", "User-salt digests a worker could not pass straight to the "
+            "ingesting worker (its blocks may be unattributed until the store's copy is read).", registry=registry)
 
     def _request_metrics(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
@@ -130,7 +164,8 @@ class GatewayMetrics:
             "kvgate_kv_block_lifetime_seconds", "Lifetime of removed KV blocks.", ["tenant", "medium"],
             buckets=LIFETIME_BUCKETS, registry=registry)
         self.blocks_resident = Gauge(
-            "kvgate_kv_blocks_resident", "KV blocks currently resident.", ["tenant", "medium"], registry=registry)
+            "kvgate_kv_blocks_resident", "KV blocks currently resident.", ["tenant", "medium"], registry=registry,
+            multiprocess_mode="livesum")
         self.retention_violations = Counter(
             "kvgate_retention_violations", "Blocks found violating retention (age) or allowed media.",
             ["tenant", "kind"], registry=registry)

@@ -17,6 +17,9 @@ class Settings(BaseSettings):
     policies: Path = Path("policies")
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    workers: int = Field(default=1, ge=1, le=256)  # serving processes on the one port (`serve --workers`)
+    # How workers share the port: one listening socket (default), or one per worker with SO_REUSEPORT.
+    workers_listen: Literal["shared", "reuseport"] = "shared"
     salt_secret: SecretStr | None = None
     redis_url: str | None = None
     state_path: Path = Path("kvgate-state.sqlite3")

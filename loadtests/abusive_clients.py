@@ -39,6 +39,7 @@ from loadtests.hardening_stack import (
     stream_body,
 )
 from loadtests.loadgen import Target
+from loadtests.results import print_and_write_json
 
 HEADER_DEADLINE_S = 10.0
 IDLE_DEADLINE_S = 15.0
@@ -198,10 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
     result = run(args)
-    print(json.dumps(result, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print_and_write_json(result, args.out)
     return 0
 
 

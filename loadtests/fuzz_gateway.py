@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from loadtests.fuzz_requests import Credentials, Reply, requests, send_raw
 from loadtests.hardening_stack import gateway_stack, raise_open_files, rss_mib, simulator
+from loadtests.results import print_and_write_json
 
 FUZZ_TENANTS: dict[str, dict[str, Any]] = {
     "acme": {"cache": {"isolation": "user"}, "rollout": {"user_header": "x-end-user"}, "measure_ttft": True,
@@ -90,10 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         keys = Credentials(inference=stack.keys["acme"], ops=stack.keys["ops"])
         result = fuzz(stack.gateway.port, keys, args.examples, stack.gateway.popen.pid)
     result["log"] = log_findings(args.work / "gateway.log")
-    print(json.dumps(result, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print_and_write_json(result, args.out)
     return 0
 
 

@@ -10,6 +10,10 @@ unknown blocks or as a restart. Not a test; prints a Markdown table and writes J
 Traffic goes straight to the simulator with the salt the gateway would add (HMAC of the tenant and epoch),
 so no API keys are involved; the gateway process only runs the ledger. Timers are shortened through
 `KVGATE_LEDGER_*` (silent after 3 s, probes every 0.5 s) so a pause of 10 s stands for the issue's 60 s.
+The issue's full size (a 60 s pause against the default 30 s threshold, a burst of a million block events):
+
+    .venv/bin/python -m loadtests.ledger_faults --only publisher-paused burst --pause-s 60 --lost-after-s 30 \
+        --burst-events 1000000 [--backend redis]
 """
 
 from __future__ import annotations
@@ -44,6 +48,17 @@ QUIET_POLLS = 10
 CPU_CHUNKS = 200  # a CPU tier small enough to evict (64-token chunks of the default model shape)
 
 
+@dataclass(frozen=True)
+class Knobs:
+    """Sizes of a run. The issue's full size: `--pause-s 60 --lost-after-s 30 --burst-events 1000000`."""
+
+    requests: int = 60  # per traffic phase
+    pause_s: float = 10.0  # how long the publisher is SIGSTOPped
+    lost_after_s: float = 3.0  # the ledger's silence threshold (KVGATE_LEDGER_LOST_AFTER_S)
+    burst_events: int = 0  # block events (stored + removed) published while the gateway is stopped; 0: 50 phases
+    backend: str = "sqlite"  # where the scenarios that are not about one store keep the ledger
+
+
 @dataclass
 class Stack:
     workdir: Path
@@ -51,6 +66,7 @@ class Stack:
     sim_port: int
     events_port: int
     redis_port: int | None = None
+    lost_after_s: float = 3.0
     sims: list[ServerProcess] = field(default_factory=list)
     truths: list[dict[str, Any]] = field(default_factory=list)  # of simulator processes that ended
     exits: ExitStack = field(default_factory=ExitStack)
@@ -58,8 +74,9 @@ class Stack:
     @property
     def env(self) -> dict[str, str]:
         env = {"KVGATE_SALT_SECRET": self.secret, "KVGATE_POLICIES": str(self.workdir / "policies"),
-               "KVGATE_LOG_FORMAT": "json", "KVGATE_LEDGER_LOST_AFTER_S": "3", "KVGATE_LEDGER_PROBE_INTERVAL_S": "0.5",
-               "KVGATE_LEDGER_REPLAY_TIMEOUT_S": "0.5", "KVGATE_LEDGER_SQLITE_BUSY_TIMEOUT_MS": "1000"}
+               "KVGATE_LOG_FORMAT": "json", "KVGATE_LEDGER_LOST_AFTER_S": str(self.lost_after_s),
+               "KVGATE_LEDGER_PROBE_INTERVAL_S": "0.5", "KVGATE_LEDGER_REPLAY_TIMEOUT_S": "0.5",
+               "KVGATE_LEDGER_SQLITE_BUSY_TIMEOUT_MS": "1000"}
         if self.redis_port is not None:
             return env | {"KVGATE_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0"}
         return env | {"KVGATE_STATE_PATH": str(self.workdir / "ledger.sqlite3")}
@@ -124,13 +141,15 @@ def redis_server(stack: Stack, name: str = "redis") -> Iterator[subprocess.Popen
             proc.wait(timeout=10)
 
 
-def traffic(stack: Stack, requests: int, seed: int) -> None:
-    """Prompts sharing per-tenant prefixes, so blocks are stored, reused, evicted and offloaded."""
+def traffic(stack: Stack, requests: int, seed: int, length: int = 1) -> None:
+    """Prompts sharing per-tenant prefixes, so blocks are stored, reused, evicted and offloaded; `length`
+    multiplies the prompts' length (longer prompts: more block events per request)."""
     rng = random.Random(seed)
     with httpx.Client(base_url=f"http://127.0.0.1:{stack.sim_port}", timeout=30) as client:
         for index in range(requests):
             tenant = TENANTS[index % len(TENANTS)]
-            words = " ".join(f"{tenant}-doc{rng.randrange(6)}-w{i}" for i in range(40 + rng.randrange(60)))
+            words = " ".join(f"{tenant}-doc{rng.randrange(6)}-w{i}"
+                             for i in range(length * (40 + rng.randrange(60))))
             body = {"model": "sim-model", "prompt": words, "max_tokens": 2,
                     "cache_salt": derive_salt(stack.secret.encode(), tenant, EPOCH)}
             client.post("/v1/completions", json=body).raise_for_status()
@@ -138,6 +157,11 @@ def traffic(stack: Stack, requests: int, seed: int) -> None:
 
 def truth(stack: Stack) -> dict[str, Any]:
     return httpx.get(f"http://127.0.0.1:{stack.sim_port}/sim/kv-truth", timeout=10).json()  # type: ignore[no-any-return]
+
+
+def block_events(view: dict[str, Any]) -> int:
+    """Block events (stored + removed) a simulator process has published."""
+    return sum(tally["stored"] + tally["removed"] for media in view["by_salt"].values() for tally in media.values())
 
 
 def ledger(stack: Stack) -> dict[str, Any]:
@@ -249,94 +273,100 @@ def outcome(name: str, want: Counts, report: dict[str, Any], notes: list[str]) -
 # -- scenarios -------------------------------------------------------------------------------------
 
 
-def new_stack(workdir: Path, name: str, with_redis: bool = False) -> Stack:
-    stack = Stack(workdir / name, secrets.token_hex(32), free_port(), free_port_pair(),
-                  free_port() if with_redis else None)
+def new_stack(workdir: Path, name: str, knobs: Knobs, with_redis: bool | None = None) -> Stack:
+    """`with_redis` None: the run's `--backend` (a Redis of the stack's own, started here)."""
+    redis_backed = knobs.backend == "redis" if with_redis is None else with_redis
+    suffix = "-redis" if redis_backed and with_redis is None else ""
+    stack = Stack(workdir / (name + suffix), secrets.token_hex(32), free_port(), free_port_pair(),
+                  free_port() if redis_backed else None, knobs.lost_after_s)
     stack.workdir.mkdir(parents=True, exist_ok=True)
     write_policies(stack)
+    if redis_backed and with_redis is None:
+        stack.exits.enter_context(redis_server(stack))
     return stack
 
 
-def scenario_baseline(workdir: Path, requests: int) -> Outcome:
-    stack = new_stack(workdir, "baseline")
+def scenario_baseline(workdir: Path, knobs: Knobs) -> Outcome:
+    stack = new_stack(workdir, "baseline", knobs)
     with stack.exits:
         start_sim(stack)
         with gateway(stack, "1"):
-            traffic(stack, requests, 1)
+            traffic(stack, knobs.requests, 1)
             want, report = settle(stack, lambda: truth_counts(stack, [truth(stack)]))
     return outcome("no fault", want, report, [])
 
 
-def scenario_publisher_restart(workdir: Path, requests: int) -> Outcome:
-    stack = new_stack(workdir, "publisher-restart")
+def scenario_publisher_restart(workdir: Path, knobs: Knobs) -> Outcome:
+    stack = new_stack(workdir, "publisher-restart", knobs)
     with stack.exits:
         sim = start_sim(stack)
         with gateway(stack, "1"):
-            traffic(stack, requests, 1)
+            traffic(stack, knobs.requests, 1)
             settle(stack, lambda: truth_counts(stack, [truth(stack)]))
         stack.truths.append(truth(stack))
         sim.send_signal(signal.SIGKILL)
         sim.popen.wait(timeout=10)
         start_sim(stack)
-        traffic(stack, requests * 2, 2)  # the new process goes past the stored cursor while no gateway listens
+        traffic(stack, knobs.requests * 2, 2)  # the new process goes past the stored cursor while no gateway listens
         with gateway(stack, "2"):
             want, report = settle(stack, lambda: truth_counts(stack, [*stack.truths, truth(stack)]))
     return outcome("publisher restarted while the gateway was down (new process ahead)", want, report, [])
 
 
-def scenario_publisher_paused(workdir: Path, requests: int) -> Outcome:
-    stack = new_stack(workdir, "publisher-paused")
+def scenario_publisher_paused(workdir: Path, knobs: Knobs) -> Outcome:
+    stack = new_stack(workdir, "publisher-paused", knobs)
     notes = []
     with stack.exits:
         sim = start_sim(stack)
         with gateway(stack, "1"):
-            traffic(stack, requests, 1)
+            traffic(stack, knobs.requests, 1)
             held = settle(stack, lambda: truth_counts(stack, [truth(stack)]))[0]
             sim.send_signal(signal.SIGSTOP)
             try:
-                deadline = time.monotonic() + 10
+                deadline = time.monotonic() + knobs.pause_s
                 paused = ledger(stack)
                 while time.monotonic() < deadline:
-                    paused = ledger(stack)
-                    time.sleep(0.5)  # 10 s pause; the ledger marks the source silent after 3 s
+                    paused = ledger(stack)  # the last reading before SIGCONT is the one reported
+                    time.sleep(min(5.0, knobs.pause_s / 20))  # the pause's length; silent after lost_after_s
             finally:
                 sim.send_signal(signal.SIGCONT)
             unknown = sum(row.get("unknown", 0) for row in ledger_counts(paused).values())
             resident_truth = sum(row["resident"] for row in held.values())
             notes.append(f"during the pause: {unknown} blocks unknown, truth holds {resident_truth}; "
                          f"resident shown {sum(r['resident'] for r in ledger_counts(paused).values())}")
-            traffic(stack, requests, 2)
+            traffic(stack, knobs.requests, 2)
             want, report = settle(stack, lambda: truth_counts(stack, [truth(stack)]))
-    return outcome("publisher SIGSTOPped 10 s, then resumed", want, report, notes)
+    return outcome(f"publisher SIGSTOPped {knobs.pause_s:g} s (silent after {knobs.lost_after_s:g} s), then resumed",
+                   want, report, notes)
 
 
-def scenario_gateway_killed(workdir: Path, requests: int) -> Outcome:
-    stack = new_stack(workdir, "gateway-killed")
+def scenario_gateway_killed(workdir: Path, knobs: Knobs) -> Outcome:
+    stack = new_stack(workdir, "gateway-killed", knobs)
     with stack.exits:
         start_sim(stack)
         with gateway(stack, "1") as first:
-            traffic(stack, requests, 1)
+            traffic(stack, knobs.requests, 1)
             first.send_signal(signal.SIGKILL)  # mid-stream: batches may be spooled, not yet written
             first.popen.wait(timeout=10)
-        traffic(stack, requests, 2)
+        traffic(stack, knobs.requests, 2)
         with gateway(stack, "2"):
             want, report = settle(stack, lambda: truth_counts(stack, [truth(stack)]))
     return outcome("gateway SIGKILLed mid-stream, restarted", want, report, [])
 
 
-def _redis_fault(workdir: Path, requests: int, name: str, title: str,
+def _redis_fault(workdir: Path, knobs: Knobs, name: str, title: str,
                  inject: Callable[[Stack, redis.Redis], Callable[[], None]]) -> Outcome:
-    stack = new_stack(workdir, name, with_redis=True)
+    stack = new_stack(workdir, name, knobs, with_redis=True)
     with stack.exits:
         stack.exits.enter_context(redis_server(stack))
         assert stack.redis_port is not None
         admin = redis.Redis(port=stack.redis_port)
         start_sim(stack)
         with gateway(stack, "1") as gw:
-            traffic(stack, requests, 1)
+            traffic(stack, knobs.requests, 1)
             settle(stack, lambda: truth_counts(stack, [truth(stack)]))
             heal = inject(stack, admin)
-            traffic(stack, requests, 2)
+            traffic(stack, knobs.requests, 2)
             heal()
             want, report = settle(stack, lambda: truth_counts(stack, [truth(stack)]))
             errors = store_errors(gw)
@@ -344,14 +374,14 @@ def _redis_fault(workdir: Path, requests: int, name: str, title: str,
     return outcome(title, want, report, [errors])
 
 
-def scenario_redis_killed(workdir: Path, requests: int) -> Outcome:
+def scenario_redis_killed(workdir: Path, knobs: Knobs) -> Outcome:
     def inject(stack: Stack, admin: redis.Redis) -> Callable[[], None]:
         os.kill(_redis_pid(admin), signal.SIGKILL)
 
         def heal() -> None:
             stack.exits.enter_context(redis_server(stack, "redis-restarted"))
         return heal
-    return _redis_fault(workdir, requests, "redis-killed", "Redis SIGKILLed, restarted (AOF)", inject)
+    return _redis_fault(workdir, knobs, "redis-killed", "Redis SIGKILLed, restarted (AOF)", inject)
 
 
 def _redis_pid(admin: redis.Redis) -> int:
@@ -359,36 +389,36 @@ def _redis_pid(admin: redis.Redis) -> int:
     return int(info["process_id"])
 
 
-def scenario_redis_read_only(workdir: Path, requests: int) -> Outcome:
+def scenario_redis_read_only(workdir: Path, knobs: Knobs) -> Outcome:
     def inject(stack: Stack, admin: redis.Redis) -> Callable[[], None]:
         admin.replicaof("127.0.0.1", free_port())
         def heal() -> None:
             admin.replicaof("NO", "ONE")
         return heal
-    return _redis_fault(workdir, requests, "redis-read-only", "Redis read-only (REPLICAOF), then primary", inject)
+    return _redis_fault(workdir, knobs, "redis-read-only", "Redis read-only (REPLICAOF), then primary", inject)
 
 
-def scenario_redis_oom(workdir: Path, requests: int) -> Outcome:
+def scenario_redis_oom(workdir: Path, knobs: Knobs) -> Outcome:
     def inject(stack: Stack, admin: redis.Redis) -> Callable[[], None]:
         admin.config_set("maxmemory-policy", "noeviction")
         admin.config_set("maxmemory", "1")
         def heal() -> None:
             admin.config_set("maxmemory", "0")
         return heal
-    return _redis_fault(workdir, requests, "redis-oom", "Redis at maxmemory (OOM), then freed", inject)
+    return _redis_fault(workdir, knobs, "redis-oom", "Redis at maxmemory (OOM), then freed", inject)
 
 
-def scenario_sqlite_locked(workdir: Path, requests: int) -> Outcome:
-    stack = new_stack(workdir, "sqlite-locked")
+def scenario_sqlite_locked(workdir: Path, knobs: Knobs) -> Outcome:
+    stack = new_stack(workdir, "sqlite-locked", knobs, with_redis=False)
     with stack.exits:
         start_sim(stack)
         with gateway(stack, "1") as gw:
-            traffic(stack, requests, 1)
+            traffic(stack, knobs.requests, 1)
             settle(stack, lambda: truth_counts(stack, [truth(stack)]))
             holder = sqlite3.connect(stack.workdir / "ledger.sqlite3", isolation_level=None)
             holder.execute("BEGIN IMMEDIATE")
             locked_until = time.monotonic() + 15
-            traffic(stack, requests, 2)
+            traffic(stack, knobs.requests, 2)
             while time.monotonic() < locked_until:
                 time.sleep(0.5)  # holding the lock for 15 s
             holder.execute("ROLLBACK")
@@ -398,30 +428,41 @@ def scenario_sqlite_locked(workdir: Path, requests: int) -> Outcome:
     return outcome("SQLite locked by another process for 15 s", want, report, [errors])
 
 
-def scenario_burst(workdir: Path, requests: int) -> Outcome:
+def scenario_burst(workdir: Path, knobs: Knobs) -> Outcome:
     """The gateway stops reading (SIGSTOP) while the simulator publishes far past its PUB high-water mark
     (50 messages) and past its replay buffer (300 batches): replay recovers what it still holds, the rest
     must show as missing batches."""
-    stack = new_stack(workdir, "burst")
+    stack = new_stack(workdir, "burst", knobs)
     with stack.exits:
         start_sim(stack, "--kv-events-hwm", "50", "--kv-events-buffer-steps", "300")
         with gateway(stack, "1") as gw:
-            traffic(stack, requests, 1)
+            traffic(stack, knobs.requests, 1)
             settle(stack, lambda: truth_counts(stack, [truth(stack)]))
-            before = truth(stack)["batches_sent"]
+            start = truth(stack)
             gw.send_signal(signal.SIGSTOP)
+            started = time.monotonic()
             try:
-                traffic(stack, requests * 50, 2)
+                if knobs.burst_events:  # prompts twice as long (~2x the events per request) until the target
+                    round_ = 0
+                    while block_events(truth(stack)) - block_events(start) < knobs.burst_events:
+                        round_ += 1
+                        traffic(stack, 200, 100 + round_, length=2)
+                else:
+                    traffic(stack, knobs.requests * 50, 2)
             finally:
                 gw.send_signal(signal.SIGCONT)
-            burst = truth(stack)["batches_sent"] - before
+            end = truth(stack)
+            burst, events = end["batches_sent"] - start["batches_sent"], block_events(end) - block_events(start)
+            took = time.monotonic() - started
             traffic(stack, 4, 3)
             want, report = settle(stack, lambda: truth_counts(stack, [truth(stack)]))
-    return outcome("burst past the PUB high-water mark and the replay buffer while the gateway is stopped",
-                   want, report, [f"{burst} batches published during the burst (hwm 50, replay buffer 300)"])
+    return outcome(f"burst of {events:,} block events past the PUB high-water mark and the replay buffer while the "
+                   "gateway is stopped", want, report,
+                   [f"{burst} batches ({events:,} block events) published in {took:.0f} s during the burst "
+                    "(hwm 50, replay buffer 300)"])
 
 
-SCENARIOS: dict[str, Callable[[Path, int], Outcome]] = {
+SCENARIOS: dict[str, Callable[[Path, Knobs], Outcome]] = {
     "baseline": scenario_baseline,
     "publisher-restart": scenario_publisher_restart,
     "publisher-paused": scenario_publisher_paused,
@@ -459,21 +500,28 @@ def _stop(signum: int, frame: object) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=60, help="requests per traffic phase")
+    parser.add_argument("--pause-s", type=float, default=10.0, help="how long the publisher is paused")
+    parser.add_argument("--lost-after-s", type=float, default=3.0, help="the ledger's silence threshold")
+    parser.add_argument("--burst-events", type=int, default=0,
+                        help="block events published during the burst (0: 50 traffic phases)")
+    parser.add_argument("--backend", choices=("sqlite", "redis"), default="sqlite",
+                        help="the store of the scenarios not about one store")
     parser.add_argument("--only", nargs="*", choices=sorted(SCENARIOS), help="run only these scenarios")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/kvgate-ledger-faults"))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _stop)  # so every process it started is stopped on the way out
+    knobs = Knobs(args.requests, args.pause_s, args.lost_after_s, args.burst_events, args.backend)
     outcomes = []
     for name in args.only or list(SCENARIOS):
         started = time.monotonic()
-        result = SCENARIOS[name](args.workdir, args.requests)
+        result = SCENARIOS[name](args.workdir, knobs)
         print(f"{name}: {result.verdict} ({time.monotonic() - started:.0f} s)", flush=True)
         outcomes.append(result)
+        if args.out is not None:  # after every scenario, so a run cut short keeps what it measured
+            args.out.write_text(json.dumps([{"scenario": o.scenario, "verdict": o.verdict, "rows": o.rows,
+                                              "gaps": o.gaps, "notes": o.notes} for o in outcomes], indent=2) + "\n")
     print(table(outcomes))
-    if args.out is not None:
-        args.out.write_text(json.dumps([{"scenario": o.scenario, "verdict": o.verdict, "rows": o.rows,
-                                          "gaps": o.gaps, "notes": o.notes} for o in outcomes], indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ import uvloop
 from loadtests import loadgen
 from loadtests.hardening_stack import Stack, fast_upstream, gateway_stack, raise_open_files, stream_body
 from loadtests.loadgen import Target
+from loadtests.results import print_and_write_json
 
 A_LIMIT_PER_MINUTE = 600
 
@@ -98,10 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tenants = {"a": {"limits": {"requests_per_minute": A_LIMIT_PER_MINUTE}}, "b": {}}
     with gateway_stack(args.work, fast_upstream(args.work, ttft_ms=50, token_ms=5, tokens=16), tenants) as stack:
         result = measure(stack, args)
-    print(json.dumps(result, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print_and_write_json(result, args.out)
     return 0
 
 

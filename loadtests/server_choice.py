@@ -34,6 +34,7 @@ from gateway.devtools.localproc import free_port, run_server
 from gateway.limits.connections import ConnectionLimits, guarded_protocol
 from loadtests import procstat
 from loadtests.hardening_stack import importable_here
+from loadtests.results import write_json
 
 Message = MutableMapping[str, Any]
 BODY = b'{"ok":true}'
@@ -200,8 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results.append(measure(name, candidates(port)[name], port, args.work))
         print(json.dumps(results[-1]), flush=True)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"limit_bytes": LIMIT_BYTES, "results": results}, indent=2) + "\n")
+        write_json({"limit_bytes": LIMIT_BYTES, "results": results}, args.out)
     return 0
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -26,6 +25,7 @@ import uvloop
 from loadtests import loadgen
 from loadtests.hardening_stack import gateway_stack, open_fds, raise_open_files, rss_mib, simulator, stream_body
 from loadtests.loadgen import Target
+from loadtests.results import print_and_write_json
 
 SAMPLE_EVERY_S = 10.0
 SIM_FLAGS = ("--base-ttft-ms", "5", "--prefill-us-per-token", "2", "--decode-ms-per-token", "2",
@@ -76,10 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fds_minute_1": minute_1["fds"], "fds_end": series[-1]["fds"], "after_load": final,
         "series": series,
     }
-    print(json.dumps(result, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print_and_write_json(result, args.out)
     return 0
 
 

@@ -14,7 +14,6 @@ disturbed.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from gateway.proxy.sse import StreamWatch, stream_usage
 from gateway.shadow.compare import generated_text
+from loadtests.results import print_and_write_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "vllm-0.25.0" / "http"
 
@@ -90,10 +90,7 @@ def main() -> None:
             "relay_strip_ns_per_event": round(best_ns_per_event(relay(streams, True), events, args.rounds, repeat), 1),
             "whole_stream_ns_per_event": round(best_ns_per_event(whole(streams), events, args.rounds, repeat), 1),
         }
-    print(json.dumps(report, indent=2))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print_and_write_json(report, args.json)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,7 @@ changes what a test runs against."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from functools import partial
 
 from gateway.devtools import localproc
 from gateway.devtools.localproc import ServerProcess, free_port, free_port_pair, kvgate_command, wait_until_ready
@@ -21,18 +18,8 @@ CALLER_PREFIXES = ("KVGATE_", "VLLM_")
 
 def clean_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The caller's environment without product or vLLM settings, then `extra`."""
-    base = {name: value for name, value in os.environ.items() if not name.startswith(CALLER_PREFIXES)}
-    return {**base, **(extra or {})}
+    return localproc.child_environment(extra, CALLER_PREFIXES)
 
 
-@contextmanager
-def run_server(
-    argv: Sequence[str],
-    port: int,
-    log_path: Path,
-    env: dict[str, str] | None = None,
-    ready_path: str = "/livez",
-) -> Iterator[ServerProcess]:
-    """Run `argv` (which must listen on `port`) with `clean_environment(env)` until the block exits."""
-    with localproc.run_server(argv, port, log_path, clean_environment(env), ready_path, inherit=False) as server:
-        yield server
+run_server = partial(localproc.run_server, drop_prefixes=CALLER_PREFIXES)
+"""`localproc.run_server(argv, port, log_path, env, ready_path)` with `clean_environment(env)` as the environment."""

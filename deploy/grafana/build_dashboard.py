@@ -8,7 +8,8 @@ CI (tests/deploy/test_grafana.py) checks that the committed JSON equals a fresh 
 parses (promtool), and, against a real Prometheus scraping a running gateway, that every query returns data.
 
 Rows, one per concern: traffic and errors; time to first token and ΔTTFT; prefix cache and offload;
-KV blocks and retention; KV-event health. Every per-tenant query honours the $tenant (and $pool) variables.
+KV blocks and retention; KV-event health; protection; ledger health; offload economics. Every per-tenant query
+honours the $tenant (and $pool) variables.
 """
 
 from __future__ import annotations
@@ -81,6 +82,15 @@ def quantile(phi: float, metric: str, by: str, selector: str) -> str:
 
 def ratio(numerator: str, denominator: str, by: str) -> str:
     return f"sum by ({by}) (rate({numerator}{RATE})) / sum by ({by}) (rate({denominator}{RATE}))"
+
+
+def none_while_scraped(expr: str, label: str) -> str:
+    """`expr`, or a single 0 labelled `label="none"` while Prometheus scrapes kvgate.
+
+    A labelled counter child is born at its first event, so a family that never fired has no series at all. While
+    some gateway is scraped that absence means "none since start" and is shown as 0; when no gateway is scraped
+    the panel stays empty (unknown), never 0."""
+    return f'{expr} or on () label_replace(0 * count(up{{job="kvgate"}} == 1), "{label}", "none", "", "")'
 
 
 TRAFFIC = (
@@ -165,8 +175,88 @@ EVENTS = (
     Graph("Policy reloads by result", "Policy directory loads since the gateway started; an error keeps the last "
           "good policies.", "short",
           (q("sum by (result) (kvgate_policy_reloads_total)", "{{result}}"),), stat=True),
+    Graph("Worker processes by instance", "Serving worker processes against those configured (`kvgate serve "
+          "--workers N`, docs/workers.md). Alert: KvgateWorkersMissing.", "short",
+          (q("max by (instance) (kvgate_workers)", "{{instance}} serving"),
+           q("max by (instance) (kvgate_workers_configured)", "{{instance}} configured")), width=12),
+    Graph("Worker restarts and salt hand-offs failed", "Workers that exited and were started again, and user-salt "
+          "announcements to the ingesting worker that failed, since the gateway started. Alert: "
+          "KvgateWorkerRestarted.", "short",
+          (q("sum by (instance) (kvgate_worker_restarts_total)", "{{instance}} restarts"),
+           q("sum by (instance) (kvgate_worker_salt_announcements_failed_total)",
+             "{{instance}} salt hand-offs failed")),
+          width=12, stat=True),
     Graph("Scrape targets up", "1 when Prometheus can scrape kvgate (with its metrics key) and each vLLM server.",
           "short", (q('up{job=~"kvgate|vllm"}', "{{job}} {{instance}}"),), width=24),
+)
+
+PROTECTION = (
+    Graph("Connections closed by reason", "Client connections kvgate closed itself: header_too_large, header_timeout, "
+          "idle_timeout, too_many_connections, malformed (docs/limits.md).", "cps",
+          (q(f"sum by (reason) (rate(kvgate_connections_closed_total{RATE}))", "{{reason}}"),)),
+    Graph("Rate-limited requests by tenant and limit", "Requests refused by max_in_flight or requests_per_minute "
+          "(429), and by the process-wide cap (tenant _all, global_in_flight, 503).", "reqps",
+          (q(f"sum by (tenant, limit) (rate(kvgate_rate_limited_total{{{TENANT}}}{RATE}))", "{{tenant}} {{limit}}"),)),
+    Graph("Rate-limit decisions taken locally", "requests_per_minute decisions a replica took alone because Redis "
+          "did not answer: each replica then grants up to the whole limit. Alert: KvgateRateLimitFallback.", "ops",
+          (q(f"sum (rate(kvgate_rate_limit_fallbacks_total{RATE}))", "local decisions"),)),
+    Graph("Internal errors by route", "Requests that hit an unexpected gateway error since the gateway started (500 "
+          "when the answer had not started); any is a bug. Alert: KvgateInternalErrors.", "short",
+          (q(none_while_scraped("sum by (route) (kvgate_internal_errors_total)", "route"), "{{route}}"),), stat=True),
+    Graph("Engine fields dropped or refused by tenant", "Body fields that steer vLLM (priority, session_id, "
+          "request_id, data_parallel_rank, vllm_xargs), dropped or refused (400) by engine_fields.steering.", "ops",
+          (q(f"sum by (tenant, field, action) (rate(kvgate_engine_fields_total{{{TENANT}}}{RATE}))",
+             "{{tenant}} {{field}} {{action}}"),)),
+    Graph("Isolation canary probes by pool and result", "Canary probes since the gateway started; a fail means a "
+          "cache layer served one identity's tokens to another. Alert: KvgateIsolationCanaryFailed.", "short",
+          (q("sum by (pool, result) (kvgate_isolation_canary_total)", "{{pool}} {{result}}"),), stat=True),
+)
+
+LEDGER = (
+    Graph("Ledger store errors by kind", "Failed ledger store writes or reads since the gateway started (kept and "
+          "retried): unavailable or the error class. Alert: KvgateLedgerStoreFailing.", "short",
+          (q(none_while_scraped("sum by (kind) (kvgate_ledger_store_errors_total)", "kind"), "{{kind}}"),), stat=True),
+    Graph("Ledger task restarts by task", "Ledger tasks (writer, subscribers, loops) that ended and were restarted "
+          "since the gateway started. Alert: KvgateLedgerTaskRestarting.", "short",
+          (q(none_while_scraped("sum by (task) (kvgate_ledger_task_restarts_total)", "task"), "{{task}}"),), stat=True),
+    Graph("Ledger events dropped (spool full)", "Block events dropped since the gateway started because the spool "
+          "was full; their batches are recorded as gaps. Alert: KvgateLedgerEventsDropped.", "short",
+          (q("sum (kvgate_ledger_spool_dropped_events_total)", "dropped events"),), stat=True),
+    Graph("Salt digests remembered by replica", "Salt digests each replica keeps for attribution, at most "
+          "KVGATE_LEDGER_USER_SALTS (default 100,000).", "short",
+          (q("sum by (instance) (kvgate_user_salts_remembered)", "{{instance}}"),), width=12),
+    Graph("Salt digests evicted", "Digests the bounded LRU forgot per second; blocks under them are reported as "
+          "unattributed. Steady evictions: raise KVGATE_LEDGER_USER_SALTS.", "ops",
+          (q(f"sum by (instance) (rate(kvgate_user_salts_evicted_total{RATE}))", "{{instance}}"),), width=12),
+)
+
+ECONOMICS = (
+    Graph("Offload admission decisions by tenant", "Requests of admission: returning tenants: returning (stored up "
+          "to the cap), new and short (sent with max_offload_tokens 0). docs/admission.md.", "reqps",
+          (q(f"sum by (tenant, decision) (rate(kvgate_offload_admission_total{{{TENANT}}}{RATE}))",
+             "{{tenant}} {{decision}}"),)),
+    Graph("Share of requests admitted to the CPU tier by tenant", "returning decisions over all decisions: the "
+          "share of a tenant's requests allowed to store their prefix in the offload tier.", "percentunit",
+          (q(ratio(f'kvgate_offload_admission_total{{{TENANT}, decision="returning"}}',
+                   f"kvgate_offload_admission_total{{{TENANT}}}", "tenant"), "{{tenant}}"),)),
+    Graph("Admission decided locally by tenant", "Admission decisions taken by the replica's own sketch because "
+          "Redis did not answer: replicas then count only their own traffic.", "ops",
+          (q(f"sum by (tenant) (rate(kvgate_offload_admission_errors_total{{{TENANT}}}{RATE}))", "{{tenant}}"),)),
+    Graph("Miss-path retries by action and result", "Retries of answers that failed before their first byte: "
+          "recompute on the same pool (max_load_tokens or salt), then else_pool; result ok or failed.", "ops",
+          (q(f"sum by (tenant, pool, action, result) (rate(kvgate_miss_path_total{{{TENANT_POOL}}}{RATE}))",
+             "{{tenant}} on {{pool}} {{action}} {{result}}"),), width=12),
+    Graph("Reuse trace requests by tenant and outcome", "Generation requests seen by the reuse trace behind "
+          "`kvgate plan`, by what the trace did with them.", "reqps",
+          (q(f"sum by (tenant, outcome) (rate(kvgate_reuse_trace_requests_total{{{TENANT}}}{RATE}))",
+             "{{tenant}} {{outcome}}"),), width=12),
+    Graph("Reuse trace sample rate by tenant", "The trace's current SHARDS sampling rate (lowered as distinct "
+          "prefixes exceed the bound).", "percentunit",
+          (q(f"max by (tenant) (kvgate_reuse_trace_sample_rate{{{TENANT}}})", "{{tenant}}"),), width=12),
+    Graph("Reuse trace store failures", "Failed trace-store writes (kept and retried) and records given up because "
+          "the store stayed unreachable, since the gateway started.", "short",
+          (q("sum (kvgate_reuse_trace_write_failures_total)", "failed writes"),
+           q("sum (kvgate_reuse_trace_records_given_up_total)", "records given up")), width=12, stat=True),
 )
 
 ROWS = (
@@ -175,6 +265,9 @@ ROWS = (
     ("Prefix cache and offload", CACHE),
     ("KV blocks and retention", BLOCKS),
     ("KV-event health", EVENTS),
+    ("Protection", PROTECTION),
+    ("Ledger health", LEDGER),
+    ("Offload economics", ECONOMICS),
 )
 
 
@@ -208,7 +301,8 @@ def label_variable(name: str, label: str) -> Builder[VariableModel]:
 def build() -> dict[str, object]:
     builder = (dashboard.Dashboard("kvgate").uid(UID).tags(["kvgate", "vllm"]).editable().refresh("30s")
                .description("kvgate in front of vLLM: traffic, TTFT and ΔTTFT, cache and offload, KV-block "
-                            "retention and KV-event health, per tenant.")
+                            "retention and KV-event health, protection, ledger health and offload economics, "
+                            "per tenant.")
                .time("now-1h", "now").timezone("browser").tooltip(DashboardCursorSync.CROSSHAIR)
                .with_variable(dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
                               .current(VariableOption(selected=True, text="Prometheus", value="prometheus")))

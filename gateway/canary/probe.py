@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from gateway.connectors.lmcache_tags import lmcache_params
+from gateway.connectors.metrics_text import sum_samples
 from gateway.policy.model import OffloadPolicy, PoolConfig
 from gateway.salts import derive_salt
 
@@ -83,13 +84,4 @@ EXTERNAL_HIT_FAMILIES = ("vllm:external_prefix_cache_hits_total", "lmcache:num_h
 
 def external_hits(metrics_text: str) -> float | None:
     """Sum of the external-cache hit counters in a /metrics page; None when it has none of them."""
-    total: float | None = None
-    for line in metrics_text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in EXTERNAL_HIT_FAMILIES:
-            try:
-                value = float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-            total = value if total is None else total + value
-    return total
+    return sum_samples(metrics_text, EXTERNAL_HIT_FAMILIES)

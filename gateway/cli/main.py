@@ -51,13 +51,16 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve.add_argument("--policies", type=Path, help="policy directory (env KVGATE_POLICIES, default ./policies)")
     serve.add_argument("--host", help="listen address (env KVGATE_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (env KVGATE_PORT, default 8080)")
+    serve.add_argument("--workers", type=int,
+                       help="serving processes sharing the port (env KVGATE_WORKERS, default 1: this process)")
     serve.set_defaults(command=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from gateway.cli.serve import run_gateway
 
-    overrides = {key: value for key in ("policies", "host", "port") if (value := getattr(args, key)) is not None}
+    flags = ("policies", "host", "port", "workers")
+    overrides = {key: value for key in flags if (value := getattr(args, key)) is not None}
     return run_gateway(overrides)
 
 

@@ -1,1 +1,2 @@
-"""What each pool's connector honours: LMCache tag stamping and per-connector capability warnings."""
+"""What each pool's connector honours: LMCache tag stamping and per-connector capability warnings; reading the
+connectors' and cache servers' /metrics pages."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.connectors.metrics_text import sum_samples
+
 RSS_METRIC = "process_resident_memory_bytes"
 TIER_METRIC = "lmcache:local_cache_usage"
 
@@ -27,23 +29,10 @@ class CacheServerMemory:
 
 def cache_server_memory(metrics_text: str) -> CacheServerMemory | None:
     """The server's resident bytes, or None when the page has neither metric."""
-    rss = _sum_samples(metrics_text, RSS_METRIC)
+    rss = sum_samples(metrics_text, (RSS_METRIC,))
     if rss is not None:
         return CacheServerMemory(int(rss), RSS_METRIC, lower_bound=False)
-    tier = _sum_samples(metrics_text, TIER_METRIC)
+    tier = sum_samples(metrics_text, (TIER_METRIC,))
     if tier is not None:
         return CacheServerMemory(int(tier), TIER_METRIC, lower_bound=True)
     return None
-
-
-def _sum_samples(text: str, name: str) -> float | None:
-    total: float | None = None
-    for line in text.splitlines():
-        if line.startswith("#") or line.split("{", 1)[0].split(" ", 1)[0] != name:
-            continue
-        try:
-            value = float(line.rsplit(" ", 1)[1])
-        except (IndexError, ValueError):
-            continue
-        total = value if total is None else total + value
-    return total

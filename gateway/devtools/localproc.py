@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +96,12 @@ def kvgate_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "gateway", *args]
 
 
+def child_environment(env: Mapping[str, str] | None = None, drop_prefixes: tuple[str, ...] = ()) -> dict[str, str]:
+    """This process's environment without the variables whose names start with one of `drop_prefixes`, then `env`."""
+    base = {name: value for name, value in os.environ.items() if not name.startswith(drop_prefixes)}
+    return {**base, **(env or {})}
+
+
 @contextmanager
 def run_server(
     argv: Sequence[str],
@@ -103,13 +109,12 @@ def run_server(
     log_path: Path,
     env: dict[str, str] | None = None,
     ready_path: str = "/livez",
-    inherit: bool = True,
+    drop_prefixes: tuple[str, ...] = (),
 ) -> Iterator[ServerProcess]:
-    """Run `argv` (which must listen on `port`) until the block exits; its environment is the caller's plus `env`,
-    or exactly `env` when `inherit` is False."""
-    full_env = {**os.environ, **(env or {})} if inherit else dict(env or {})
+    """Run `argv` (which must listen on `port`) until the block exits, with `child_environment(env, drop_prefixes)`:
+    the caller's environment less the variables named by `drop_prefixes`, plus `env`."""
     with log_path.open("wb") as log:
-        popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+        popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=child_environment(env, drop_prefixes))
     server = ServerProcess(popen=popen, port=port, log_path=log_path)
     try:
         wait_until_ready(popen, f"{server.url}{ready_path}", log_path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import nullcontext
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
@@ -18,6 +19,7 @@ from gateway.http.auth import AuthFailure, authenticate, authorize, check_path, 
 from gateway.http.local import answer_locally
 from gateway.http.process import on_sighup, settle_gc
 from gateway.http.wiring import State, start, stop
+from gateway.http.workers import WorkerRole
 from gateway.log import get_logger, stack_frames
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import Outcome
@@ -35,10 +37,13 @@ UNCAPPED_PATHS = frozenset({"/livez", "/readyz", "/metrics"})  # probes and scra
 
 
 class GatewayApp:
-    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None,
+                 role: WorkerRole | None = None, metrics_dir: Path | None = None) -> None:
+        """`role` and `metrics_dir` are given to each worker of `serve --workers N` (gateway/cli/workers.py)."""
         self.settings = settings
         self.secret = salt_secret_bytes(settings)
-        self.metrics = GatewayMetrics(registry or CollectorRegistry())
+        self.role = role
+        self.metrics = GatewayMetrics(registry or CollectorRegistry(), metrics_dir)
         self.genai = OtelGenAIMetrics(self.metrics.registry) if settings.otel_metrics else None
         self._state: State | None = None
 
@@ -59,7 +64,7 @@ class GatewayApp:
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         await receive()
         try:
-            self._state = await start(self.settings, self.secret, self.metrics, self.genai)
+            self._state = await start(self.settings, self.secret, self.metrics, self.genai, self.role)
         except Exception as error:
             log.error("startup_failed", error=str(error))
             await send({"type": "lifespan.startup.failed", "message": str(error)})
@@ -144,6 +149,8 @@ class GatewayApp:
         self, state: State, ex: Exchange, policies: PolicySet, route: RouteSpec, inbound: Inbound
     ) -> None:
         ex.status, body, headers = await answer_locally(state, policies, route, inbound.scope)
+        if state.role is not None:  # which worker answered: for operators and the multi-worker tests
+            headers = [*headers, state.role.header]
         await send_body(inbound.send, ex.status, body, [*headers, (b"x-request-id", ex.request_id.encode())])
 
 

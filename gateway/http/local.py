@@ -10,12 +10,13 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import msgspec
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.asgi.io import Scope
 from gateway.errors import BadRequest, NotFound
 from gateway.http.admin import policies_view
 from gateway.http.wiring import State
+from gateway.http.workers import INGESTER_ROUTES
 from gateway.isotime import parse_since
 from gateway.plan.admin import plan_view
 from gateway.policy.loader import PolicySet
@@ -33,7 +34,9 @@ AdminHandler = Callable[[State, PolicySet, Scope], Awaitable[tuple[int, Any]]]
 async def answer_locally(state: State, policies: PolicySet, route: RouteSpec, scope: Scope) -> Answer:
     local = route.local
     if local is Local.METRICS:
-        return 200, generate_latest(state.metrics.registry), [(b"content-type", CONTENT_TYPE_LATEST.encode())]
+        return 200, state.metrics.exposition(), [(b"content-type", CONTENT_TYPE_LATEST.encode())]
+    if state.ingester is not None and local in INGESTER_ROUTES:
+        return await state.ingester.forward(scope)
     if local is Local.LIVEZ or local is Local.READYZ:
         ok = local is Local.LIVEZ or state.ready
         return json_answer(200 if ok else 503, {"status": "ok" if ok else "not ready"})
@@ -75,6 +78,8 @@ async def _plan(state: State, policies: PolicySet, scope: Scope) -> tuple[int, A
 async def _reload(state: State, policies: PolicySet, scope: Scope) -> tuple[int, Any]:
     admin_query(scope, frozenset())
     changed = await state.holder.reload_async()
+    if state.role is not None:
+        state.role.reload_everywhere()  # this worker has reloaded; the parent signals its siblings
     return 200, {"reloaded": changed, "policy_version": state.holder.current.version}
 
 

@@ -14,8 +14,9 @@ import aiohttp
 from gateway.canary.runner import CanaryRunner
 from gateway.epochs.floor import open_floor_store
 from gateway.epochs.guard import EpochFloorGuard
+from gateway.http.workers import IngesterClient, SiblingSalts, WorkerRole
 from gateway.ledger.feature import UserSaltFeature
-from gateway.ledger.service import LedgerService
+from gateway.ledger.service import LedgerService, LedgerWiring
 from gateway.limits.rate import open_rate_limiter
 from gateway.limits.slots import RequestLimits
 from gateway.log import get_logger
@@ -65,9 +66,17 @@ class State:
     reuse: ReuseTrace | None = None
     floors: EpochFloorGuard | None = None
     ready: bool = True
+    role: WorkerRole | None = None  # set under `serve --workers N`
+    ingester: IngesterClient | None = None  # workers other than the ingesting one forward some admin routes
+    sibling_salts: SiblingSalts | None = None  # user-salt digests passed between workers
 
 
-async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, genai: OtelGenAIMetrics | None) -> State:
+async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, genai: OtelGenAIMetrics | None,
+                role: WorkerRole | None = None) -> State:
+    """Build every part. Under `--workers N` (a `role`), only the ingesting worker subscribes to KV events and
+    runs the ledger's and the canary's periodic work; request-path parts run in every worker and meet in the
+    shared store, as replicas do."""
+    ingests = role is None or role.ingests
     policies = load_policy_set(Path(settings.policies), os.environ)
     storage = await Storage.open(settings.redis_url, settings.state_path)
     floors = EpochFloorGuard(await open_floor_store(storage))
@@ -86,7 +95,7 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     session = new_session(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
     tasks = TaskSupervisor("gateway")
     tasks.spawn(holder.watch(settings.reload_interval_s), "policy-watch")
-    ledger = await LedgerService.open(settings, metrics, holder, tasks)
+    ledger, sibling_salts = await _ledger(settings, metrics, holder, tasks, role, storage)
     health = UpstreamHealth()
     shadow = _shadow_runner(settings, metrics, health, tasks, await open_shadow_store(storage))
     admission = Admission.on(storage, secret, settings.admission_sketch_width)
@@ -96,20 +105,35 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
              features=[feature.name for feature in features.all])
     proxy = Proxy(session, secret, health, features, MissPath(session, secret, metrics, ledger.remember_user_salt),
                   JsonLimits(settings.json_max_depth, settings.json_max_items), settings.body_timeout_s)
-    canary = _canary(session, secret, metrics, holder, tasks)
+    canary = _canary(session, secret, metrics, holder, tasks, scheduled=ingests)
     limits = RequestLimits(settings.max_in_flight, open_rate_limiter(storage, metrics.rate_limit_fallbacks.inc),
                            metrics)
+    if role is not None:
+        metrics.workers_configured.set(role.count)
+    if role is not None and role.replaced:
+        metrics.worker_restarts.inc()
+    ingester = None if ingests or role is None else IngesterClient(role.ingester_socket)
     return State(holder, metrics, session, proxy, features, tasks, shadow, ledger, storage, canary, limits, reuse,
-                 floors)
+                 floors, role=role, ingester=ingester, sibling_salts=sibling_salts)
+
+
+async def _ledger(settings: Settings, metrics: GatewayMetrics, holder: PolicyHolder, tasks: TaskSupervisor,
+                  role: WorkerRole | None, storage: Storage) -> tuple[LedgerService, SiblingSalts | None]:
+    if role is None:
+        return await LedgerService.open(settings, metrics, holder, tasks, wiring=LedgerWiring(storage)), None
+    ledger = await LedgerService.open(settings, metrics, holder, tasks, wiring=LedgerWiring(storage, role.ingests))
+    return ledger, SiblingSalts(role, ledger, metrics.salt_announcements_failed.inc)
 
 
 def _canary(session: aiohttp.ClientSession, secret: bytes, metrics: GatewayMetrics, holder: PolicyHolder,
-            tasks: TaskSupervisor) -> CanaryRunner:
-    """The isolation canary: its counters primed per pool, its schedule owned by the gateway's supervisor."""
+            tasks: TaskSupervisor, scheduled: bool = True) -> CanaryRunner:
+    """The isolation canary: its counters primed per pool, its schedule owned by the gateway's supervisor (in
+    one worker only under `--workers`, so upstreams see one canary schedule per host)."""
     canary = CanaryRunner(session, secret, metrics.registry)
     canary.prime(holder.current)
     holder.listeners.append(canary.prime)
-    tasks.spawn(canary.schedule(lambda: holder.current), "isolation-canary")
+    if scheduled:
+        tasks.spawn(canary.schedule(lambda: holder.current), "isolation-canary")
     return canary
 
 
@@ -158,10 +182,14 @@ def _shadow_runner(
 async def stop(state: State) -> None:
     state.ready = False
     await state.ledger.close()
+    if state.sibling_salts is not None:
+        state.sibling_salts.close()
     await state.tasks.close()
     if state.reuse is not None:
         await state.reuse.close()
     await state.shadow.close()
     await state.session.close()
+    if state.ingester is not None:
+        await state.ingester.close()
     await state.storage.close()
     log.info("gateway_stopped")

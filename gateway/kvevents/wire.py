@@ -112,7 +112,7 @@ class BatchDecoder:
         if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[1], list):
             raise WireError("payload is not a [ts, events, ...] array")
         ts = _as_float(raw[0])
-        events = [event for item in raw[1] if (event := _convert_event(item)) is not None]
+        events = [event for item in raw[1] if (event := convert_event(item)) is not None]
         return EventBatch(ts=ts, events=events, skipped=len(raw[1]) - len(events))
 
 
@@ -122,7 +122,8 @@ def _as_float(value: Any) -> float:
     return float(value)
 
 
-def _convert_event(item: Any) -> KvEvent | None:
+def convert_event(item: Any) -> KvEvent | None:
+    """One undecoded event (a tagged map or a positional array) as a KvEvent; None when it is neither."""
     try:
         if isinstance(item, dict):
             converted: KvEvent = msgspec.convert(item, KvEvent)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 
 from gateway.kvevents.sequence import Cursor
 from gateway.kvevents.wire import EventBatch
@@ -52,8 +53,13 @@ class LedgerIngest:
         self.holder = holder
         self.metrics = metrics
         self.clocks = clocks
+        # Under `serve --workers N`: reads the salt digests sibling workers issued, before each batch is applied
+        # (gateway/http/workers.py), so their requests' blocks are attributed.
+        self.before_batch: Callable[[], None] | None = None
 
     async def deliver(self, source: str, seq: int, batch: EventBatch, received_at: float | None = None) -> None:
+        if self.before_batch is not None:
+            self.before_batch()
         if received_at is not None:
             self.clocks.sample(source, received_at - batch.ts)
         await self.writer.submit(self.state.apply(source, seq, batch, self.holder.current.version))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 import redis.asyncio as aioredis
@@ -23,9 +23,12 @@ from gateway.ledger.records import (
     BatchOps,
     BlockRecord,
     ClearOp,
+    CloseCount,
     CloseOp,
     CopiesOp,
     GapRecord,
+    LedgerSummary,
+    LifetimeStats,
     Op,
     OpenBlock,
     OpenOp,
@@ -33,42 +36,76 @@ from gateway.ledger.records import (
     SaltDigestEntry,
     SilenceOp,
     SourceEvent,
+    TallyRow,
     TenantPolicyRecord,
 )
-from gateway.ledger.redis_script import APPLY_LUA, REMEMBER_SALTS_LUA
+from gateway.ledger.redis_script import APPLY_LUA, BACKFILL_LUA, COMPACT_LUA, LIFETIME_STATS_LUA, REMEMBER_SALTS_LUA
 
 T = TypeVar("T")
 DEFAULT_PREFIX = "kvgate:ledger:"
 MARKER_TTL_S = 86_400
-OPS_PER_CALL = 20_000  # keeps one script call short, so Redis stays responsive to other clients
+OPS_PER_CALL = 5_000  # keeps one script call short (well under a client's 2 s timeout), so Redis stays responsive
+COMPACT_SLICE = 10_000  # closed records deleted per script call; the event loop and Redis breathe in between
 SEP = "\x1f"
 NO_VALUE = -1
 UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
 class RedisStore:
-    def __init__(self, client: aioredis.Redis, prefix: str = DEFAULT_PREFIX) -> None:
+    """`owns_client`: False when the client is the process's shared pool (`Storage.redis_client()`), which
+    its owner closes."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str = DEFAULT_PREFIX, owns_client: bool = True) -> None:
         self.client = client
         self.prefix = prefix
+        self.owns_client = owns_client
+        self.compact_slice = COMPACT_SLICE
+        self.ops_per_call = OPS_PER_CALL
         self._apply = client.register_script(APPLY_LUA)
         self._remember = client.register_script(REMEMBER_SALTS_LUA)
+        self._backfill = client.register_script(BACKFILL_LUA)
+        self._compact = client.register_script(COMPACT_LUA)
+        self._lifetimes = client.register_script(LIFETIME_STATS_LUA)
 
     @classmethod
     async def open(cls, url: str, prefix: str = DEFAULT_PREFIX, timeout_s: float = 2.0) -> RedisStore:
         client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        return cls(client, prefix)
+        return await cls.on_client(client, prefix, owns_client=True)
+
+    @classmethod
+    async def on_client(cls, client: aioredis.Redis, prefix: str = DEFAULT_PREFIX,
+                        owns_client: bool = False) -> RedisStore:
+        """A store on an existing client (by default the shared pool, left open by `close`)."""
+        store = cls(client, prefix, owns_client)
+        await store.ensure_aggregates()
+        return store
+
+    async def ensure_aggregates(self) -> int:
+        """Build the audit's totals from the records once, for a ledger written before they existed; records
+        read (0 when the totals were already there). Redis unreachable now: the first audit retries it."""
+        try:
+            return int(await self._call(self._backfill, args=[self.prefix]))
+        except StoreUnavailable:
+            return 0
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self.owns_client:
+            await self.client.aclose()
 
     # -- writes ----------------------------------------------------------------------------------
 
     async def apply(self, batches: Sequence[BatchOps]) -> list[bool]:
+        """At most OPS_PER_CALL operations per script call: a large batch goes in slices (see `redis_script`),
+        so no call keeps Redis from other clients for long, whatever a publisher sends."""
         applied: list[bool] = []
-        for chunk in _chunks(batches):
-            payload = msgspec.msgpack.encode([_wire_batch(batch) for batch in chunk])
-            result = await self._call(self._apply, args=[self.prefix, MARKER_TTL_S, payload])
-            applied.extend(bool(flag) for flag in result)
+        for call in _calls(batches, self.ops_per_call):
+            while call:
+                payload = msgspec.msgpack.encode([_wire_part(part) for part in call])
+                resume, *flags = await self._call(self._apply,
+                                                  args=[self.prefix, MARKER_TTL_S, payload, self.ops_per_call])
+                done = call if resume == 0 else call[: resume - 1]
+                applied.extend(bool(flag) for part, flag in zip(done, flags, strict=False) if part.last)
+                call = [] if resume == 0 else call[resume - 1 :]
         return applied
 
     async def record_gaps(self, gaps: Sequence[GapRecord]) -> None:
@@ -104,9 +141,24 @@ class RedisStore:
         return cursors
 
     async def open_blocks(self) -> list[OpenBlock]:
+        """Read through each source's open set, so the closed records kept until compaction are not decoded."""
         return [OpenBlock(row[0], row[1], from_token(row[2]), row[4], _epoch(row[5]), float(row[6]), _copies(row),
                           _unknown_since(row) is not None)
-                async for row in self._record_rows() if row[7] == NO_VALUE]
+                async for row in self._open_rows() if row[7] == NO_VALUE]
+
+    async def _open_rows(self) -> AsyncIterator[list[Any]]:
+        await self._call(self._backfill, args=[self.prefix])  # the sources below come from the totals
+        async with self._guard():
+            groups = await _resolved(self.client.hkeys(self._key("openby")))
+            sources = {group.decode().split(SEP, 1)[0] for group in groups} | set(await self.cursors())
+            for source in sorted(sources):
+                ids = [record_id async for _field, record_id in self.client.hscan_iter(self._key("open:" + source),
+                                                                                        count=5000)]
+                for start in range(0, len(ids), 5000):
+                    packed = await _resolved(self.client.hmget(self._key("rec"), ids[start : start + 5000]))
+                    for item in packed:
+                        if item is not None:
+                            yield msgspec.msgpack.decode(item)
 
     async def record_clock(self, offsets: dict[str, float], at: float) -> None:
         if offsets:
@@ -150,6 +202,82 @@ class RedisStore:
             async for _id, packed in self.client.hscan_iter(self._key("rec"), count=5000):
                 yield msgspec.msgpack.decode(packed)
 
+    async def summary(
+        self, limits: dict[str, float], offsets: dict[str, float], now: float, tenant: str | None,
+    ) -> LedgerSummary:
+        """The audit's totals as the SQLite store gives them (`sqlite_tally.summary`), read from the aggregates
+        the apply script keeps: a few hashes, one lifetime histogram per (tenant, medium) and, per open
+        (tenant, medium, source), the oldest stored_at and a ZCOUNT past retention. No record is read."""
+        await self._call(self._backfill, args=[self.prefix])
+        async with self._guard():
+            pipe = self.client.pipeline(transaction=False)
+            for name in ("tally", "closes", "openby"):
+                pipe.hgetall(self._key(name))
+            pipe.get(self._key("compacted_before"))
+            raw_tally, raw_closes, raw_openby, compacted = await pipe.execute()
+        tallies = [row for row in (_tally_row(field, packed) for field, packed in raw_tally.items())
+                   if tenant is None or row.tenant == tenant]
+        closes = [row for row in (_close_count(field, count) for field, count in raw_closes.items())
+                  if tenant is None or row.tenant == tenant]
+        closed_pairs: dict[tuple[str, str], int] = {}
+        for row in tallies:
+            closed_pairs[(row.tenant, row.medium)] = closed_pairs.get((row.tenant, row.medium), 0) + row.removed
+        lifetimes = await self._lifetime_stats([pair for pair, removed in closed_pairs.items() if removed > 0], limits)
+        overdue, oldest = await self._open_ages(raw_openby, limits, offsets, now, tenant)
+        return LedgerSummary(tallies, closes, lifetimes, overdue, oldest,
+                             float(compacted) if compacted is not None else None)
+
+    async def _lifetime_stats(
+        self, pairs: list[tuple[str, str]], limits: dict[str, float],
+    ) -> dict[tuple[str, str], LifetimeStats]:
+        """Ranks and counts computed by Redis over each (tenant, medium)'s histogram; five numbers come back."""
+        if not pairs:
+            return {}
+        args: list[Any] = [self.prefix]
+        for tenant, medium in pairs:
+            limit = limits.get(tenant)
+            args += [SEP.join((tenant, medium)), "" if limit is None else repr(float(limit))]
+        rows = await self._call(self._lifetimes, args=args)
+        return {pair: _lifetime_row(row) for pair, row in zip(pairs, rows, strict=True)}
+
+    async def _open_ages(
+        self, raw_openby: dict[bytes, bytes], limits: dict[str, float], offsets: dict[str, float], now: float,
+        tenant: str | None,
+    ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], float]]:
+        groups = [tuple(field.decode().split(SEP, 2)) for field, count in raw_openby.items() if int(count) > 0]
+        wanted = [(source, name, medium) for source, name, medium in groups if tenant is None or name == tenant]
+        async with self._guard():
+            pipe = self.client.pipeline(transaction=False)
+            for source, name, medium in wanted:
+                pipe.zrange(self._key("age:" + SEP.join((source, name, medium))), 0, 0, withscores=True)
+            firsts = await pipe.execute()
+        overdue: dict[tuple[str, str], int] = {}
+        oldest: dict[tuple[str, str], float] = {}
+        for (source, name, medium), first in zip(wanted, firsts, strict=True):
+            if not first:
+                continue
+            source_now = now - offsets.get(source, 0.0)
+            key = (name, medium)
+            age = source_now - float(first[0][1])
+            oldest[key] = max(oldest.get(key, 0.0), age)
+            limit = limits.get(name)
+            if limit is not None and age > limit:
+                async with self._guard():
+                    count = await _resolved(self.client.zcount(
+                        self._key("age:" + SEP.join((source, name, medium))), "-inf", f"({source_now - limit!r}"))
+                overdue[key] = overdue.get(key, 0) + int(count)
+        return overdue, oldest
+
+    async def compact(self, before: float) -> int:
+        """Delete closed records removed before `before`, a bounded slice per script call (the audit's totals
+        keep them); returns how many."""
+        deleted = 0
+        while True:
+            count = int(await self._call(self._compact, args=[self.prefix, repr(before), self.compact_slice]))
+            deleted += count
+            if count < self.compact_slice:
+                return deleted
+
     async def missing_batches(self) -> dict[str, int]:
         async with self._guard():
             raw = await _resolved(self.client.hgetall(self._key("gaps")))
@@ -190,20 +318,38 @@ async def _resolved(value: Awaitable[T] | T) -> T:
     return value
 
 
-def _chunks(batches: Sequence[BatchOps]) -> list[list[BatchOps]]:
-    chunks: list[list[BatchOps]] = [[]]
-    size = 0
+class _Part(NamedTuple):
+    """A slice of one batch's operations, sent in one script call."""
+
+    batch: BatchOps
+    first: int
+    ops: list[Op]
+    last: bool
+
+
+def _calls(batches: Sequence[BatchOps], budget: int) -> list[list[_Part]]:
+    calls: list[list[_Part]] = [[]]
+    room = budget
     for batch in batches:
-        if size + batch.size > OPS_PER_CALL and chunks[-1]:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(batch)
-        size += batch.size
-    return [chunk for chunk in chunks if chunk]
+        first = 0
+        while True:
+            if room <= 0:
+                calls.append([])
+                room = budget
+            ops = batch.ops[first : first + room]
+            last = first + len(ops) >= len(batch.ops)
+            calls[-1].append(_Part(batch, first, ops, last))
+            room -= max(1, len(ops))
+            first += len(ops)
+            if last:
+                break
+    return [call for call in calls if call]
 
 
-def _wire_batch(batch: BatchOps) -> list[Any]:
-    return [batch.source, batch.seq, repr(batch.ts), batch.policy_version, [_wire_op(op) for op in batch.ops]]
+def _wire_part(part: _Part) -> list[Any]:
+    batch = part.batch
+    return [batch.source, batch.seq, repr(batch.ts), batch.policy_version, [_wire_op(op) for op in part.ops],
+            part.first, int(part.last)]
 
 
 def _wire_op(op: Op) -> list[Any]:
@@ -239,6 +385,25 @@ def _block_record(row: list[Any]) -> BlockRecord:
     removed_at = None if row[7] == NO_VALUE else float(row[7])
     return BlockRecord(row[0], row[1], row[4], _epoch(row[5]), float(row[6]), removed_at, row[8] or None, row[9],
                        _unknown_since(row))
+
+
+def _tally_row(field: bytes, packed: bytes) -> TallyRow:
+    tenant, medium, epoch = field.decode().split(SEP)
+    stored, removed, open_, unknown, has_last, last, has_longest, longest = msgspec.msgpack.decode(packed)
+    return TallyRow(tenant, medium, _epoch(int(epoch)), int(stored), int(removed), int(open_), int(unknown),
+                    float(last) if has_last else None, float(longest) if has_longest else None)
+
+
+def _close_count(field: bytes, count: bytes) -> CloseCount:
+    tenant, medium, epoch, closed_by = field.decode().split(SEP)
+    return CloseCount(tenant, medium, _epoch(int(epoch)), closed_by, int(count))
+
+
+def _lifetime_row(row: list[Any]) -> LifetimeStats:
+    total, p50, p99, longest, outlived = row
+    if not int(total):
+        return LifetimeStats(0.0, 0.0, 0.0, 0)
+    return LifetimeStats(float(p50), float(p99), float(longest), int(outlived))
 
 
 def _salt_entry(row: list[Any]) -> SaltDigestEntry:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 
 from gateway.ledger.base import LedgerStore
 from gateway.ledger.observe import LedgerMetrics
@@ -26,6 +27,9 @@ class SaltKeeper:
         # repeat calls are one dict lookup, and memory per entry is fixed whatever the `user` length.
         self._remembered: OrderedDict[bytes, None] = OrderedDict()
         self._store_position = 0
+        # Under `serve --workers N`, a worker that does not ingest passes each new digest to the one that does,
+        # before the request goes upstream (gateway/http/workers.py).
+        self.issued: Callable[[SaltDigestEntry], None] | None = None
 
     def rebuild(self, policies: PolicySet) -> SaltIndex:
         """A new index for the set in force (remembered digests carry over); its epochs are recorded."""
@@ -48,6 +52,8 @@ class SaltKeeper:
         self.index.add_users([entry])
         self.writer.add_salts([entry])
         self.metrics.user_salts(self.index.remembered)
+        if self.issued is not None:
+            self.issued(entry)
 
     def remember_tenant_epochs(self, policies: PolicySet) -> None:
         """Every epoch in force is recorded (as a digest) so late events under it are still attributed, here

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -36,10 +37,19 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicySet
 from gateway.policy.reloader import PolicyHolder
 from gateway.settings import Settings
+from gateway.storage import Storage
 from gateway.tasks import TaskSupervisor
 
 log = get_logger(__name__)
 CLOSE_FLUSH_S = 15.0  # the last flush at shutdown, and closing the store, each wait at most this long
+
+
+@dataclass(frozen=True)
+class LedgerWiring:
+    """How this process's ledger is connected: the shared store connections, and whether it ingests events."""
+
+    storage: Storage | None = None
+    ingest: bool = True
 
 
 class LedgerService:
@@ -65,14 +75,20 @@ class LedgerService:
     @classmethod
     async def open(
         cls, settings: Settings, metrics: GatewayMetrics, holder: PolicyHolder, tasks: TaskSupervisor,
-        config: LedgerSettings | None = None,
+        config: LedgerSettings | None = None, wiring: LedgerWiring = LedgerWiring(),
     ) -> LedgerService:
+        """`wiring.storage`: the process's shared store connections (a Redis ledger runs on its pool). With
+        `wiring.ingest` False (the workers of `serve --workers N` other than the first) the service subscribes
+        to no KV-event source and runs no periodic pass: it only records the user salts its requests issue."""
         config = config or LedgerSettings()
-        store = await open_store(settings, config.redis_prefix, config.sqlite_busy_timeout_ms)
+        store = await open_store(settings, config.redis_prefix, config.sqlite_busy_timeout_ms, wiring.storage)
         secret = settings.salt_secret.get_secret_value().encode() if settings.salt_secret else None
         if secret is None:
             log.warning("ledger_without_salt_secret", effect="every block is reported unattributed")
         service = cls(store, config, metrics, holder, tasks, secret)
+        if not wiring.ingest:
+            service._start_recording_salts()
+            return service
         await service._resume()
         service._start()
         return service
@@ -98,6 +114,15 @@ class LedgerService:
         self.salts.remember_tenant_epochs(self.context.holder.current)
         self.context.holder.listeners.append(self._on_policies)
 
+    def _start_recording_salts(self) -> None:
+        flush_interval_s = self.context.config.flush_interval_s
+        self.runner.keep_running("ledger-writer", lambda: self.writer.run(flush_interval_s))
+        self.salts.remember_tenant_epochs(self.context.holder.current)
+        self.context.holder.listeners.append(self._on_salt_policies)
+
+    def _on_salt_policies(self, policies: PolicySet) -> None:
+        self.state.salts = self.salts.rebuild(policies)
+
     def _on_policies(self, policies: PolicySet) -> None:
         self.state.salts = self.salts.rebuild(policies)
         self.subscriptions.plan(policies)
@@ -111,8 +136,9 @@ class LedgerService:
 
     async def close(self) -> None:
         listeners = self.context.holder.listeners
-        if self._on_policies in listeners:
-            listeners.remove(self._on_policies)
+        for listener in (self._on_policies, self._on_salt_policies):
+            if listener in listeners:
+                listeners.remove(listener)
         await asyncio.gather(self.runner.stop(), self.subscriptions.stop())
         # A store that hangs (a write stuck behind a dead connection) must not hold shutdown forever: what is
         # not written by then is logged, as any unwritten batch is.

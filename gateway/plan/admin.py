@@ -88,7 +88,7 @@ def _bytes(query: dict[str, list[str]], name: str) -> int | None:
 
 
 def _positive_int(value: str, name: str) -> int:
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):  # str.isdigit alone passes "²", which int() refuses
         raise BadRequest(f"{name} must be a whole number of bytes.", param=name)
     return int(value)
 

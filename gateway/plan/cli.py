@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,37 @@ class PlanError(Exception):
     pass
 
 
+def positive_int(text: str) -> int:
+    """A count that divides something (ranks, block sizes): 0 or less would divide by zero or mean nothing."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def byte_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+def positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("How much RAM should the CPU offload tier get? Replays the gateway's reuse trace through "
                           "a two-tier model of vLLM's caches and recommends cpu_bytes_to_use.")
@@ -45,29 +77,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_argument_group("the server's shape")
     source.add_argument("--metrics", metavar="URL|FILE", help="the upstream vLLM's /metrics (URL or saved text)")
     source.add_argument("--model-config", type=Path, metavar="config.json", help="the model's config.json")
-    source.add_argument("--tensor-parallel", type=int, default=1, help="tensor-parallel ranks (default 1)")
+    source.add_argument("--tensor-parallel", type=positive_int, default=1, help="tensor-parallel ranks (default 1)")
     source.add_argument("--kv-cache-dtype", help="KV cache dtype if not the model's (e.g. fp8)")
-    source.add_argument("--gpu-kv-tokens", type=int, help="GPU KV cache size in tokens (default: from --metrics)")
-    source.add_argument("--block-size", type=int, help="GPU block size (default: from --metrics)")
-    source.add_argument("--offload-block-tokens", type=int, default=64, help="the tier's block size (default 64)")
+    source.add_argument("--gpu-kv-tokens", type=positive_int,
+                        help="GPU KV cache size in tokens (default: from --metrics)")
+    source.add_argument("--block-size", type=positive_int, help="GPU block size (default: from --metrics)")
+    source.add_argument("--offload-block-tokens", type=positive_int, default=64,
+                        help="the tier's block size (default 64)")
     source.add_argument("--server-ignores-max-load", action="store_true",
                         help="the server ignores kv_transfer_params.max_load_tokens (vLLM 0.25; see kvgate doctor)")
     budget = parser.add_argument_group("host budgets (unknown unless given)")
-    budget.add_argument("--host-ram", type=int, metavar="BYTES", help="RAM of the host running vLLM")
-    budget.add_argument("--weights-bytes", type=int, metavar="BYTES", help="model weights held in host RAM")
-    budget.add_argument("--headroom", type=int, metavar="BYTES", help="RAM kept for the OS, tokenizers, buffers")
-    budget.add_argument("--cache-process-rss", type=int, metavar="BYTES",
+    budget.add_argument("--host-ram", type=byte_count, metavar="BYTES", help="RAM of the host running vLLM")
+    budget.add_argument("--weights-bytes", type=byte_count, metavar="BYTES", help="model weights held in host RAM")
+    budget.add_argument("--headroom", type=byte_count, metavar="BYTES", help="RAM kept for the OS, tokenizers, buffers")
+    budget.add_argument("--cache-process-rss", type=byte_count, metavar="BYTES",
                         help="resident size of a separate cache process (e.g. LMCache in multi-process mode)")
     budget.add_argument("--cache-server-metrics", metavar="URL|FILE",
                         help="an LMCache multi-process server's /metrics: its process_resident_memory_bytes becomes "
                              "the cache process's budget line (unless --cache-process-rss is given)")
-    budget.add_argument("--current-cpu-bytes", type=int, metavar="BYTES", help="the tier's size today, if any")
-    budget.add_argument("--cpu-bytes", type=int, action="append", default=[], metavar="BYTES",
+    budget.add_argument("--current-cpu-bytes", type=byte_count, metavar="BYTES", help="the tier's size today, if any")
+    budget.add_argument("--cpu-bytes", type=byte_count, action="append", default=[], metavar="BYTES",
                         help="also predict for this tier size (repeatable)")
     speed = parser.add_argument_group("transfer and prefill speed")
-    speed.add_argument("--link-gbps", type=float, default=H200_LINK_BYTES_PER_S / 1e9,
+    speed.add_argument("--link-gbps", type=positive_number, default=H200_LINK_BYTES_PER_S / 1e9,
                        help="CPU→GPU load bandwidth in GB/s (default 39, measured on the H200)")
-    speed.add_argument("--prefill-tokens-per-s", type=float,
+    speed.add_argument("--prefill-tokens-per-s", type=positive_number,
                        help="prefill speed (default: from the server's metrics, else unknown)")
     parser.set_defaults(command=run)
 

@@ -15,6 +15,7 @@ Sampled traces are scaled by 1/rate (SHARDS), and so are these sizes.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -89,6 +90,6 @@ def parse_window(text: str) -> float:
         value = float(text[:-1])
     except ValueError:
         raise ValueError(f"window {text!r}: use a number and one of s, m, h, d (e.g. 10m)") from None
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:  # nan and inf parse as floats but cut no windows
         raise ValueError(f"window {text!r} must be positive")
     return value * units[text[-1]]

@@ -28,6 +28,8 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class Strict(BaseModel):
+    # Numeric fields below are declared `strict=True`: a YAML yes/no (a boolean) or a quoted "512" is refused, naming
+    # the field, instead of being read as 1 or 512.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -40,12 +42,12 @@ class KvEventSource(Strict):
 class CanaryPolicy(Strict):
     """The isolation canary of one pool (gateway/canary/): off unless an interval is set."""
 
-    interval_s: float | None = Field(default=None, ge=60)
-    prefix_tokens: int = Field(default=1024, ge=256, le=32768)
+    interval_s: float | None = Field(default=None, ge=60, strict=True)
+    prefix_tokens: int = Field(default=1024, ge=256, le=32768, strict=True)
     model: str | None = None  # the model name to send; None asks the pool's /v1/models
     # Wait between identity A's request and B's, for servers that store asynchronously (an LMCache server):
     # B must not arrive before A's blocks have landed, or a pass proves nothing.
-    settle_s: float = Field(default=0.0, ge=0, le=30)
+    settle_s: float = Field(default=0.0, ge=0, le=30, strict=True)
 
 
 class PoolConfig(Strict):
@@ -87,7 +89,7 @@ class GatewayConfig(Strict):
     pools: dict[str, PoolConfig] = Field(min_length=1)
     default_pool: str
     public_paths: list[str] = Field(default_factory=list)
-    max_body_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, gt=0, strict=True)
 
     @field_validator("public_paths")
     @classmethod
@@ -118,7 +120,7 @@ class KeyEntry(Strict):
 
 class CachePolicy(Strict):
     isolation: Literal["tenant", "user", "none"] = "tenant"
-    salt_epoch: int = Field(default=1, ge=0, le=MAX_SALT_EPOCH)
+    salt_epoch: int = Field(default=1, ge=0, le=MAX_SALT_EPOCH, strict=True)
     client_salt: Literal["reject", "replace"] = "reject"
 
 
@@ -126,9 +128,9 @@ class AdmissionPolicy(Strict):
     """`offload.admission`: `all` (default), `returning`, or an object with the mode and its knobs."""
 
     mode: Literal["all", "returning"] = "all"
-    window_s: float = Field(default=3600.0, gt=0, le=30 * 86400)
-    min_seen: int = Field(default=1, ge=1, le=254)  # counters saturate at 255 (sum of two generations)
-    prefix_chunks: int = Field(default=4, ge=1, le=64)
+    window_s: float = Field(default=3600.0, gt=0, le=30 * 86400, strict=True)
+    min_seen: int = Field(default=1, ge=1, le=254, strict=True)  # counters saturate at 255 (sum of two generations)
+    prefix_chunks: int = Field(default=4, ge=1, le=64, strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -137,9 +139,9 @@ class AdmissionPolicy(Strict):
 
 
 class OffloadPolicy(Strict):
-    max_load_tokens: int | None = Field(default=None, ge=0)
-    max_offload_tokens: int | None = Field(default=None, ge=0)
-    retention_seconds: float | None = Field(default=None, gt=0)
+    max_load_tokens: int | None = Field(default=None, ge=0, strict=True)
+    max_offload_tokens: int | None = Field(default=None, ge=0, strict=True)
+    retention_seconds: float | None = Field(default=None, gt=0, strict=True)
     allowed_media: list[Medium] = Field(default_factory=lambda: list(DEFAULT_MEDIA))
     admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
     miss_path: Literal["retry", "off"] = "off"  # retry a pre-first-byte failure with recompute, then else_pool
@@ -147,7 +149,7 @@ class OffloadPolicy(Strict):
 
 class RolloutPolicy(Strict):
     pool: str | None = None
-    percent: float = Field(default=100.0, ge=0, le=100)
+    percent: float = Field(default=100.0, ge=0, le=100, strict=True)
     else_pool: str | None = None
     sticky: Literal["user", "request"] = "user"
     user_header: str | None = None
@@ -161,8 +163,8 @@ class RolloutPolicy(Strict):
 
 class ShadowPolicy(Strict):
     pool: str | None = None
-    sample: float = Field(default=0.0, ge=0, le=1)
-    max_in_flight: int = Field(default=4, ge=0)
+    sample: float = Field(default=0.0, ge=0, le=1, strict=True)
+    max_in_flight: int = Field(default=4, ge=0, strict=True)
 
     @model_validator(mode="after")
     def _pool_when_sampling(self) -> ShadowPolicy:

@@ -101,7 +101,7 @@ class TraceMetrics:
         self.requests = Counter("kvgate_reuse_trace_requests", "Generation requests seen by the reuse trace, by "
                                 "outcome.", ["tenant", "outcome"], registry=registry)
         self.rate = Gauge("kvgate_reuse_trace_sample_rate", "SHARDS sampling rate of the reuse trace.", ["tenant"],
-                          registry=registry)
+                          registry=registry, multiprocess_mode="livemin")  # with workers: the lowest rate in use
         self.write_failures = Counter("kvgate_reuse_trace_write_failures", "Failed trace-store writes (the batch "
                                       "is kept and retried).", registry=registry)
         self.given_up = Counter("kvgate_reuse_trace_records_given_up", "Records dropped because the store stayed "

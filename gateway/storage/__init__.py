@@ -29,6 +29,7 @@ class Storage:
     backend: Backend
     sqlite: SqliteWorker | None = None
     redis: aioredis.Redis | None = None
+    redis_url: str | None = None  # what `redis` is connected to, so a store configured elsewhere can tell
 
     @classmethod
     async def open(cls, redis_url: str | None, state_path: Path,
@@ -36,7 +37,7 @@ class Storage:
         if redis_url:
             client = aioredis.Redis.from_url(redis_url, socket_timeout=redis_timeout_s,
                                              socket_connect_timeout=redis_timeout_s)
-            return cls(Backend.REDIS, redis=client)
+            return cls(Backend.REDIS, redis=client, redis_url=redis_url)
         return cls(Backend.SQLITE, sqlite=await SqliteWorker.open(state_path))
 
     def sqlite_worker(self) -> SqliteWorker:

@@ -22,16 +22,8 @@ CUPY_SPEC=${CUPY_SPEC:-cupy-cuda13x==14.2.0}
 # One call carries the repository tree (~7 MB) plus its carry paths, < 64 MiB (67.1 MB) in all. The split puts
 # 55 MB in the first call (cupy-a) and the remaining 14.4 MB with whl/ (42.8 MB) in the second.
 PART_BYTES=${PART_BYTES:-55000000}
-PLATFORMS=()
-for tag in manylinux_2_17 manylinux2014 manylinux_2_24 manylinux_2_26 manylinux_2_27 manylinux_2_28 manylinux_2_31 \
-           manylinux_2_34 manylinux_2_35 manylinux1 manylinux_2_5; do
-  PLATFORMS+=(--platform "${tag}_x86_64")
-done
-fetch() {  # fetch DIR SPEC... : cp312 binary wheels for the host, no dependency resolution
-  local dir=$1; shift
-  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    "${PLATFORMS[@]}" -d "$dir" "$@"
-}
+# shellcheck source=scripts/gpu/lib.sh
+source "$HERE/lib.sh"
 L=$STAGE/lmcache
 mkdir -p "$L/whl"
 fetch "$L/whl" -r "$HERE/lmcache-wheels.txt"
@@ -39,11 +31,8 @@ if [ -n "${EXTRA:-}" ]; then mkdir -p "$L/extra" && fetch "$L/extra" -r "$HERE/l
 if [ -n "${CUPY:-}" ]; then
   mkdir -p "$L/dl" "$L/cupy-a" "$L/cupy-b"
   fetch "$L/dl" "$CUPY_SPEC"
-  wheel=$(ls "$L"/dl/cupy_cuda13x-*.whl | head -1); name=$(basename "$wheel")
-  head -c "$PART_BYTES" "$wheel" > "$L/cupy-a/$name.part-a"
-  tail -c +"$((PART_BYTES + 1))" "$wheel" > "$L/cupy-b/$name.part-b"
-  (cd "$L/dl" && sha256sum "$name") > "$L/cupy-b/$name.sha256"   # host.sh checks the rejoined wheel against it
-  cat "$L/cupy-a/$name.part-a" "$L/cupy-b/$name.part-b" | cmp - "$wheel"
+  wheel=$(ls "$L"/dl/cupy_cuda13x-*.whl | head -1)
+  split_wheel "$wheel" "$PART_BYTES" "$L/cupy-a" "$L/cupy-b"
 fi
 # 4. lmcache's own source, to rebuild its four torch extensions on the host if the wheel's do not load there:
 #    the 0.5.6 wheels are built against torch 2.13.0 (its pyproject's build pin); the H200 image has 2.11.0.
@@ -62,8 +51,6 @@ if [ -n "${SRC-1}" ]; then
   fetch "$L/src/tools" -r "$HERE/lmcache-build-wheels.txt"   # setuptools < 81 and setuptools_scm, as its build pins
 fi
 find "$L" -name '*.whl' -o -name '*.part-?' -o -name '*.tar.gz' | sort | xargs du -b
-for d in whl src extra cupy-a cupy-b; do
-  if [ -d "$L/$d" ]; then echo "$d: $(du -cb "$L/$d" | tail -1 | cut -f1) bytes"; fi
-done
+print_dir_sizes "$L" whl src extra cupy-a cupy-b
 TREE=$(git -C "$ROOT" ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 echo "tree (tracked files here): $TREE bytes; each call must stay under 67108864 bytes with its carry paths"

@@ -21,29 +21,19 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 STAGE=${STAGE:-$ROOT/.stage}
+HERE=$ROOT/scripts/gpu
 PY=${PY:-python3}
 PART_BYTES=${PART_BYTES:-40000000}
-PLATFORMS=()
-for tag in manylinux_2_17 manylinux2014 manylinux_2_24 manylinux_2_26 manylinux_2_27 manylinux_2_28 manylinux_2_31 \
-           manylinux_2_34 manylinux_2_35 manylinux1 manylinux_2_5; do
-  PLATFORMS+=(--platform "${tag}_x86_64")
-done
-fetch() {  # fetch DIR SPEC... : cp312 binary wheels for the host, no dependency resolution
-  local dir=$1; shift
-  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    "${PLATFORMS[@]}" -d "$dir" "$@"
-}
+# shellcheck source=scripts/gpu/lib.sh
+source "$HERE/lib.sh"
 L=$STAGE/lmcache
 mkdir -p "$L/whl" "$L/whl-cuda" "$L/dl" "$L/cupy-a" "$L/cupy-b"
-fetch "$L/whl" -r "$ROOT/scripts/gpu/lmcache-0.5.6-wheels.txt"
+fetch "$L/whl" -r "$HERE/lmcache-0.5.6-wheels.txt"
 for name in cuda_python cuda_bindings cuda_core cuda_pathfinder cryptography cffi pycparser nvtx; do
   mv "$L"/whl/"$name"-*.whl "$L/whl-cuda/" 2>/dev/null || true
 done
-if [ -n "${MP:-}" ]; then mkdir -p "$L/whl-mp" && fetch "$L/whl-mp" -r "$ROOT/scripts/gpu/lmcache-0.5.6-mp-wheels.txt"; fi
+if [ -n "${MP:-}" ]; then mkdir -p "$L/whl-mp" && fetch "$L/whl-mp" -r "$HERE/lmcache-0.5.6-mp-wheels.txt"; fi
 fetch "$L/dl" cupy-cuda13x==14.2.0
-wheel=$(ls "$L"/dl/cupy_cuda13x-*.whl | head -1); name=$(basename "$wheel")
-head -c "$PART_BYTES" "$wheel" > "$L/cupy-a/$name.part-a"
-tail -c +"$((PART_BYTES + 1))" "$wheel" > "$L/cupy-b/$name.part-b"
-(cd "$L/dl" && sha256sum "$name") > "$L/cupy-b/$name.sha256"
-cat "$L/cupy-a/$name.part-a" "$L/cupy-b/$name.part-b" | cmp - "$wheel"
-for d in whl whl-cuda whl-mp cupy-a cupy-b; do [ -d "$L/$d" ] || continue; echo "$d: $(du -cb "$L/$d" | tail -1 | cut -f1) bytes"; done
+wheel=$(ls "$L"/dl/cupy_cuda13x-*.whl | head -1)
+split_wheel "$wheel" "$PART_BYTES" "$L/cupy-a" "$L/cupy-b"
+print_dir_sizes "$L" whl whl-cuda whl-mp cupy-a cupy-b

@@ -16,16 +16,8 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 STAGE=${STAGE:-$ROOT/.stage}
 HERE=$ROOT/scripts/gpu
 PY=${PY:-$ROOT/.venv/bin/python}
-PLATFORMS=()
-for tag in manylinux_2_17 manylinux2014 manylinux_2_24 manylinux_2_26 manylinux_2_27 manylinux_2_28 manylinux_2_31 \
-           manylinux_2_34 manylinux_2_35 manylinux1 manylinux_2_5; do
-  PLATFORMS+=(--platform "${tag}_x86_64")
-done
-fetch() {  # fetch DIR SPEC... : cp312 binary wheels for the host, no dependency resolution
-  local dir=$1; shift
-  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    "${PLATFORMS[@]}" -d "$dir" "$@"
-}
+# shellcheck source=scripts/gpu/lib.sh
+source "$HERE/lib.sh"
 mkdir -p "$STAGE"/{dl,build/model,p1,p2/vllm-whl,p2/gw-whl}
 
 # 1. The vLLM wheel, unpacked and trimmed of what a dense bf16 model on Hopper never loads.
@@ -81,4 +73,4 @@ rm -rf "$STAGE/p1/model"   # the unpacked form of earlier stagings
 tar -C "$MODEL" -cf - . | xz -9 -T1 -c > "$STAGE/p1/model.tar.xz"
 
 du -sh "$STAGE"/p1/* "$STAGE"/p2/*
-echo "part 1: $(du -cb "$STAGE/p1" | tail -1 | cut -f1) bytes; part 2 (before src.tar.gz): $(du -cb "$STAGE/p2" | tail -1 | cut -f1) bytes"
+echo "part 1: $(dir_bytes "$STAGE/p1") bytes; part 2 (before src.tar.gz): $(dir_bytes "$STAGE/p2") bytes"

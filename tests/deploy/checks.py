@@ -10,17 +10,67 @@ import json
 import re
 import shlex
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
+from gateway.settings import Settings
 from tests.deploy.tools import DEPLOY, DeployTools, output, run, system_tool
 
 CHART = DEPLOY / "helm" / "kvgate"
 KUBE_VERSIONS = ("1.25.0", "1.30.0")  # the chart's kubeVersion floor, and the version CI pins
 RELEASE, NAMESPACE = "kvgate", "llm"
 SYSTEMD_UNIT_DIR = Path("/lib/systemd/system")
+
+# -- Limits ---------------------------------------------------------------------------------------------
+
+# The settings every deployment example (Helm values, compose, systemd env file) carries with kvgate's defaults:
+# connection and request limits (docs/limits.md), upstream pool and timeouts, the admission sketch
+# (docs/admission.md) and the reuse trace (docs/plan.md).
+LIMIT_SETTINGS = ("max_header_bytes", "header_timeout_s", "idle_timeout_s", "body_timeout_s", "max_connections",
+                  "max_in_flight", "json_max_depth", "json_max_items", "connect_timeout_s", "read_timeout_s",
+                  "upstream_connections", "admission_sketch_width", "reuse_trace", "reuse_block_tokens",
+                  "reuse_sample_rate", "reuse_max_roots", "reuse_max_records")
+
+# A value other than the default for each, as the examples' override tests set them.
+LIMIT_SAMPLES: dict[str, object] = {
+    "max_header_bytes": 32768, "header_timeout_s": 2.5, "idle_timeout_s": 30.0, "body_timeout_s": 120.0,
+    "max_connections": 10000, "max_in_flight": 256, "json_max_depth": 32, "json_max_items": 2_000_000,
+    "connect_timeout_s": 1.5, "read_timeout_s": 900.0, "upstream_connections": 4096, "admission_sketch_width": 4096,
+    "reuse_trace": False, "reuse_block_tokens": 64, "reuse_sample_rate": 0.25, "reuse_max_roots": 5000,
+    "reuse_max_records": 1_500_000,
+}
+
+
+def env_name(setting: str) -> str:
+    return f"KVGATE_{setting.upper()}"
+
+
+def limit_defaults() -> dict[str, object]:
+    return {name: Settings.model_fields[name].default for name in LIMIT_SETTINGS}
+
+
+def limit_problems(env: Mapping[str, str], expected: Mapping[str, object]) -> list[str]:
+    """Each expected setting is in `env` (KVGATE_* name to the string the process gets) and kvgate parses it,
+    with its own validation, to the expected value."""
+    problems = []
+    for name, wanted in expected.items():
+        text = env.get(env_name(name))
+        if text is None:
+            problems.append(f"{env_name(name)} is missing")
+            continue
+        try:
+            parsed = getattr(Settings.model_validate({name: text}), name)
+        except ValidationError as error:
+            problems.append(f"{env_name(name)}={text!r} is refused by kvgate: {error.errors()[0]['msg']}")
+            continue
+        if parsed != wanted:
+            problems.append(f"{env_name(name)}={text!r} is {parsed!r}, expected {wanted!r}")
+    return problems
+
 
 # -- Helm ------------------------------------------------------------------------------------------------
 
@@ -184,6 +234,13 @@ def dashboard_exprs(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
             for target in inner.get("targets", []):
                 found.append((inner.get("title", ""), target["expr"]))
     return found
+
+
+def exposed_families(exposition: str) -> set[str]:
+    """Metric families named by `# TYPE` lines of a text exposition (listed even before their first child), less
+    the `_created` companions prometheus_client adds."""
+    names = {line.split()[2] for line in exposition.splitlines() if line.startswith("# TYPE ")}
+    return {name for name in names if not name.endswith("_created")}
 
 
 def concrete(expr: str) -> str:

@@ -16,7 +16,14 @@ import yaml
 
 from gateway.keys import hash_key
 from gateway.settings import Settings
-from tests.deploy.checks import compose_config, compose_problems
+from tests.deploy.checks import (
+    LIMIT_SAMPLES,
+    compose_config,
+    compose_problems,
+    env_name,
+    limit_defaults,
+    limit_problems,
+)
 from tests.deploy.tools import DEPLOY, REPO, DeployTools, output, run
 from tests.procs import kvgate_command
 
@@ -98,6 +105,20 @@ def test_kvgate_reaches_the_servers_the_policies_name(project: dict[str, Any]) -
         assert int(events["replay_endpoint"].rsplit(":", 1)[1]) == int(endpoint.rsplit(":", 1)[1]) + 1
     mount = next(v for v in services["kvgate"]["volumes"] if v["target"] == kvgate_env["KVGATE_POLICIES"])
     assert mount["read_only"] is True and Path(mount["source"]) == COMPOSE_DIR / ".local" / "policies"
+
+
+def test_kvgate_gets_every_limit_with_its_default(project: dict[str, Any]) -> None:
+    assert limit_problems(project["services"]["kvgate"]["environment"], limit_defaults()) == []
+
+
+def test_limits_follow_the_env_file(deploy_tools: DeployTools, env_file: Path, tmp_path: Path) -> None:
+    """Every limit is `${VAR:-default}`: a line in .env changes it."""
+    overridden = tmp_path / "env"
+    lines = [f"{env_name(name)}={str(value).lower() if isinstance(value, bool) else value}\n"
+             for name, value in LIMIT_SAMPLES.items()]
+    overridden.write_text(env_file.read_text() + "".join(lines))
+    project = compose_config(deploy_tools, COMPOSE_FILE, overridden)
+    assert limit_problems(project["services"]["kvgate"]["environment"], LIMIT_SAMPLES) == []
 
 
 def test_compose_policy_templates_are_valid() -> None:

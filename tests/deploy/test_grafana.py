@@ -18,11 +18,18 @@ GRAFANA_DIR = DEPLOY / "grafana"
 BUILDER = GRAFANA_DIR / "build_dashboard.py"
 DASHBOARD = GRAFANA_DIR / "dashboards" / "kvgate.json"
 ROWS = ["Traffic and errors", "Time to first token and ΔTTFT", "Prefix cache and offload", "KV blocks and retention",
-        "KV-event health"]
+        "KV-event health", "Protection", "Ledger health", "Offload economics"]
 # Families with a tenant label: every query on one of them must honour the $tenant variable.
 TENANT_FAMILIES = ("kvgate_requests_total", "kvgate_ttft_seconds", "kvgate_request_duration_seconds",
                    "kvgate_prompt_tokens_total", "kvgate_cached_prompt_tokens_total", "kvgate_shadow_",
-                   "kvgate_kv_blocks_", "kvgate_kv_block_lifetime_seconds", "kvgate_retention_violations_total")
+                   "kvgate_kv_blocks_", "kvgate_kv_block_lifetime_seconds", "kvgate_retention_violations_total",
+                   "kvgate_rate_limited_total", "kvgate_engine_fields_total", "kvgate_offload_admission_total",
+                   "kvgate_offload_admission_errors_total", "kvgate_miss_path_total",
+                   "kvgate_reuse_trace_requests_total", "kvgate_reuse_trace_sample_rate")
+# A family whose children are born at their first event: its panel shows "none" at 0 only while a gateway is scraped.
+SCRAPED_FALLBACK = 'label_replace(0 * count(up{job="kvgate"} == 1)'
+FALLBACK_FAMILIES = ("kvgate_internal_errors_total", "kvgate_ledger_store_errors_total",
+                     "kvgate_ledger_task_restarts_total")
 
 
 def dashboard() -> dict[str, Any]:
@@ -81,3 +88,23 @@ def test_variables_and_provisioning_agree() -> None:
         assert variables[name]["query"] == f"label_values(kvgate_requests_total, {name})"
     provider = yaml.safe_load((GRAFANA_DIR / "provisioning" / "dashboards" / "kvgate.yaml").read_text())
     assert provider["providers"][0]["type"] == "file"
+
+
+def test_event_families_without_children_show_none_only_while_scraped() -> None:
+    """Panels on families that a healthy gateway never increments carry the gated fallback, and only those."""
+    exprs = dashboard_exprs(dashboard())
+    for family in FALLBACK_FAMILIES:
+        (expr,) = [expr for _, expr in exprs if family in expr]
+        assert SCRAPED_FALLBACK in expr and "vector(" not in expr, expr
+    others = [expr for _, expr in exprs if not any(family in expr for family in FALLBACK_FAMILIES)]
+    assert not [expr for expr in others if SCRAPED_FALLBACK in expr or "vector(" in expr]
+
+
+def test_alerts_named_by_panels_exist() -> None:
+    """A panel's description may point at the alert on its metric; the alert must exist under that name."""
+    rules = DEPLOY / "prometheus" / "rules" / "kvgate-alerts.yml"
+    alerts = {rule["alert"] for group in yaml.safe_load(rules.read_text())["groups"] for rule in group["rules"]}
+    named = {match for panel in dashboard()["panels"]
+             for match in re.findall(r"Alert: (\w+)\.", panel.get("description", ""))}
+    assert named, "no panel names its alert"
+    assert named - alerts == set()

@@ -17,7 +17,18 @@ import yaml
 
 from gateway.keys import hash_key, new_key
 from gateway.settings import Settings
-from tests.deploy.checks import CHART, helm_problems, helm_report, kubernetes_problems, manifests, schema_problems
+from tests.deploy.checks import (
+    CHART,
+    LIMIT_SAMPLES,
+    LIMIT_SETTINGS,
+    helm_problems,
+    helm_report,
+    kubernetes_problems,
+    limit_defaults,
+    limit_problems,
+    manifests,
+    schema_problems,
+)
 from tests.deploy.tools import DEPLOY, DeployTools, output, run
 from tests.harness import bearer, new_secret
 from tests.procs import ServerProcess, free_port, kvgate_command, run_server
@@ -28,6 +39,14 @@ EXAMPLE_VALUES = EXAMPLE_DIR / "kvgate-values.yaml"
 VLLM_STACK_VALUES = EXAMPLE_DIR / "vllm-stack-values.yaml"
 VALUES_FILES = {"defaults": None, "production": CI_VALUES, "production-stack": EXAMPLE_VALUES}
 SETTINGS_ENV = {f"KVGATE_{name.upper()}" for name in Settings.model_fields}
+# values.limits set to LIMIT_SAMPLES; 2,000,000 would render as 2e+06 without int64.
+LIMIT_OVERRIDES: dict[str, Any] = {
+    "maxHeaderBytes": 32768, "headerTimeoutSeconds": 2.5, "idleTimeoutSeconds": 30, "bodyTimeoutSeconds": 120,
+    "maxConnections": 10000, "maxInFlight": 256, "jsonMaxDepth": 32, "jsonMaxItems": 2_000_000,
+    "connectTimeoutSeconds": 1.5, "readTimeoutSeconds": 900, "upstreamConnections": 4096,
+    "admissionSketchWidth": 4096,
+    "reuseTrace": {"enabled": False, "blockTokens": 64, "sampleRate": 0.25, "maxRoots": 5000, "maxRecords": 1_500_000},
+}
 
 
 def load_values(path: Path | None) -> dict[str, Any]:
@@ -103,6 +122,23 @@ def test_pod_gets_settings_secrets_and_probes(case: str, rendered: dict[str, Any
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     mount = next(m for m in container["volumeMounts"] if m["name"] == "policies")
     assert "subPath" not in mount, "a subPath mount never sees ConfigMap updates"
+
+
+def env_values(deployment: dict[str, Any]) -> dict[str, str]:
+    return {name: entry["value"] for name, entry in container_env(deployment).items() if "value" in entry}
+
+
+@pytest.mark.parametrize("case", VALUES_FILES)
+def test_limits_render_as_kvgate_defaults(case: str, rendered: dict[str, Any]) -> None:
+    (deployment,) = find(objects_of(rendered, case), "Deployment")
+    assert limit_problems(env_values(deployment), limit_defaults()) == []
+
+
+def test_every_limit_value_reaches_the_pod(deploy_tools: DeployTools) -> None:
+    assert set(LIMIT_SAMPLES) == set(LIMIT_SETTINGS)
+    case = helm_report(deploy_tools, CHART, {"limits": {"limits": LIMIT_OVERRIDES}})["limits"]
+    (deployment,) = find(objects_of({"limits": case}, "limits"), "Deployment")
+    assert limit_problems(env_values(deployment), LIMIT_SAMPLES) == []
 
 
 def policy_dir_from(objects: list[dict[str, Any]], root: Path) -> Path:
@@ -194,10 +230,16 @@ def test_render_time_guards(deploy_tools: DeployTools) -> None:
             {"tenant": "a", "keys": []}, {"tenant": "a", "keys": []}]}},
         "empty-network-selector": {"networkPolicy": {"enabled": True}},
         "schema-violation": {"replicaCount": 0},
+        "limits-too-deep": {"limits": {"jsonMaxDepth": 1000}},
+        "limits-sketch-not-a-power-of-two": {"limits": {"admissionSketchWidth": 1000}},
+        "limits-misspelt": {"limits": {"maxHeadersBytes": 8192}},
+        "limits-zero-timeout": {"limits": {"idleTimeoutSeconds": 0}},
     })
     expected = {"replicas-without-redis": "needs redis.url", "unmapped-upstream-key": "secrets.upstreamKeys",
                 "probe-path-not-public": "/readyz", "duplicate-tenant": "listed twice",
-                "empty-network-selector": "podSelector", "schema-violation": "minimum"}
+                "empty-network-selector": "podSelector", "schema-violation": "minimum",
+                "limits-too-deep": "maximum", "limits-sketch-not-a-power-of-two": "admissionSketchWidth",
+                "limits-misspelt": "maxHeadersBytes", "limits-zero-timeout": "idleTimeoutSeconds"}
     for case, words in expected.items():
         problems = helm_problems(report[case])
         assert any(words in problem for problem in problems), (case, problems)

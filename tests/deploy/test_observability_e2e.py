@@ -7,11 +7,16 @@ The scenario, on purpose: globex may keep blocks on the GPU only but its offload
 violations); the control server corrupts deterministic outputs (shadow mismatches for acme, whose every
 request is mirrored); the offload server keeps one batch for replay and publishes before the gateway
 subscribes (a KV-event gap); some requests fail upstream (5xx) and some present bad keys (auth failures).
+umbrella, outside the multi-tenant workload, exercises the protection and offload-economics panels: a steering
+field dropped by policy, a per-minute limit run out, admission `returning` and a miss path that retries a failing
+upstream; one client sends bytes that are not HTTP (a connection closed as malformed).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import socket
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +30,7 @@ import pytest
 import yaml
 
 from gateway.devtools.demo.workload import users_for
-from tests.deploy.checks import concrete, dashboard_exprs
+from tests.deploy.checks import concrete, dashboard_exprs, exposed_families
 from tests.deploy.tools import DEPLOY, output, run, system_tool
 from tests.harness import PolicyDir, bearer, new_secret, run_gateway
 from tests.procs import ServerProcess, free_port, free_port_pair, kvgate_command, run_server
@@ -36,6 +41,7 @@ PREFIX_TOKENS = 1200  # the simulator's tokenizer is byte-level
 GPU_BLOCKS = "256"  # 4,096 tokens: the workload's prefixes overflow it, so blocks are evicted and removed
 CPU_TIER_BYTES = "10000000000"
 DEADLINE_S = 60.0
+PROTECTED_PER_MINUTE = 3
 T = TypeVar("T")
 
 
@@ -92,6 +98,8 @@ def policies(root: Path, sims: dict[str, tuple[ServerProcess, int]]) -> tuple[Po
     policy.add_tenant("acme", shadow={"pool": "control", "sample": 1.0, "max_in_flight": 8})
     policy.add_tenant("globex", offload={"allowed_media": ["GPU"], "retention_seconds": 600})
     policy.add_tenant("initech", rollout={"pool": "offload", "percent": 50, "else_pool": "control", "sticky": "user"})
+    policy.add_tenant("umbrella", offload={"admission": "returning", "miss_path": "retry"},
+                      limits={"requests_per_minute": PROTECTED_PER_MINUTE})
     metrics_key = policy.add_tenant("ops", scopes=("metrics",))
     policy.write()
     return policy, metrics_key
@@ -172,6 +180,22 @@ def publish_unseen_batches(offload: ServerProcess, key: str) -> None:
         assert reply.status_code == 200
 
 
+def protections(gateway: ServerProcess, key: str) -> None:
+    """umbrella's requests: a dropped steering field, a miss path that fails again, then 429 from its per-minute
+    limit; and one connection that speaks no HTTP."""
+    with httpx.Client(base_url=gateway.url, headers=bearer(key), timeout=60) as client:
+        steered = {"model": MODEL, "prompt": prefix("umbrella", 0), "max_tokens": 2, "priority": 5}
+        assert client.post("/v1/completions", json=steered).status_code == 200
+        failing = {"model": MODEL, "prompt": "fail [[sim:status=503]]", "max_tokens": 2}
+        assert client.post("/v1/completions", json=failing).status_code == 503
+        statuses = [client.post("/v1/completions", json=steered).status_code for _ in range(PROTECTED_PER_MINUTE)]
+        assert 429 in statuses, statuses
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as raw:
+        raw.sendall(b"\x16\x03\x01 not http\r\n\r\n")
+        while raw.recv(4096):  # until the gateway closes the connection
+            pass
+
+
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     workdir = tmp_path_factory.mktemp("observability")
@@ -204,6 +228,7 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
         observed.wait_scraped('sum by (tenant) (kvgate_requests_total{status="503"}) >= 1', len(TENANTS))
         upstream_errors(gateway.url, keys)
         observed.wait_scraped('sum by (tenant) (kvgate_requests_total{status="503"}) >= 2', len(TENANTS))
+        protections(gateway, policy.keys["umbrella"])
         yield observed
 
 
@@ -287,6 +312,41 @@ def test_every_dashboard_query_returns_series(observed: Observed) -> None:
     assert {(tenant, "GPU") for tenant in TENANTS} <= resident
     assert ("offload/0",) in labels("Missed KV-event batches by source", "source")
     assert {("offload",), ("control",)} <= labels("vLLM prefix cache hit ratio by pool", "pool")
+    assert ("malformed",) in labels("Connections closed by reason", "reason")
+    assert ("umbrella", "requests_per_minute") in labels("Rate-limited requests by tenant and limit", "tenant", "limit")
+    assert ("umbrella", "priority", "dropped") in labels("Engine fields dropped or refused by tenant", "tenant",
+                                                         "field", "action")
+    assert {("umbrella", decision) for decision in ("returning", "new", "short")} <= labels(
+        "Offload admission decisions by tenant", "tenant", "decision")
+    retried = labels("Miss-path retries by action and result", "tenant", "pool", "result")
+    assert ("umbrella", "offload", "failed") in retried
+    assert {("offload",), ("control",)} <= labels("Isolation canary probes by pool and result", "pool")
+    # Nothing in the scenario breaks the gateway or its ledger: those panels show "none" at 0, because it is scraped.
+    assert labels("Internal errors by route", "route") == {("none",)}
+    assert labels("Ledger store errors by kind", "kind") == {("none",)}
+    assert labels("Ledger task restarts by task", "task") == {("none",)}
+
+
+def test_none_fallback_is_empty_when_no_gateway_is_scraped(observed: Observed) -> None:
+    """Unknown is never shown as 0: with no kvgate target up, a fallback panel has no data at all."""
+    gated = [(title, concrete(expr)) for title, expr in
+             dashboard_exprs(json.loads((DEPLOY / "grafana" / "dashboards" / "kvgate.json").read_text()))
+             if 'up{job="kvgate"}' in expr]
+    assert len(gated) == 3
+    for title, expr in gated:
+        assert observed.series(expr), title
+        assert observed.series(expr.replace('up{job="kvgate"}', 'up{job="kvgate-elsewhere"}')) == [], title
+
+
+def test_every_gateway_family_has_a_panel_and_every_panel_family_exists(observed: Observed) -> None:
+    """The live exposition (families are listed even before their first child) against the dashboard's queries."""
+    exposition = httpx.get(f"{observed.gateway.url}/metrics", headers=bearer(observed.metrics_key), timeout=10).text
+    families = {family for family in exposed_families(exposition) if family.startswith("kvgate_")}
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "kvgate.json").read_text())
+    queried = {re.sub(r"_(bucket|count|sum)$", "", name) for _, expr in dashboard_exprs(dashboard)
+               for name in re.findall(r"kvgate_[a-z_]+", expr)}
+    assert families - queried == set(), "gateway metrics without a panel"
+    assert queried - families == set(), "panels on metrics the gateway does not expose"
 
 
 def test_per_tenant_recording_rules_have_data(observed: Observed) -> None:

@@ -4,6 +4,7 @@ sysusers entry, and the unit's own command lines driving a real kvgate: start, t
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import time
@@ -14,7 +15,7 @@ import yaml
 
 from gateway.keys import hash_key, new_key
 from gateway.settings import Settings
-from tests.deploy.checks import systemd_problems, systemd_root, unit_entries
+from tests.deploy.checks import limit_defaults, limit_problems, systemd_problems, systemd_root, unit_entries
 from tests.deploy.tools import DEPLOY, REPO, output, run, system_tool
 from tests.harness import bearer, new_secret
 from tests.procs import free_port, run_server
@@ -55,6 +56,20 @@ def test_hardening_settings_the_deployment_relies_on() -> None:
                      if "=" in line and line.lstrip("# ").startswith("KVGATE_")}
     unknown = ({name for name in environment if name.startswith("KVGATE_")} | example_names) - known
     assert not unknown, f"not kvgate settings (pydantic-settings would silently ignore them): {unknown}"
+
+
+def test_env_example_lists_every_limit_with_its_default_and_a_reason() -> None:
+    """Commented `# KVGATE_X=default` lines (systemd ignores them), each after a one-line comment saying why."""
+    lines = ENV_EXAMPLE.read_text().splitlines()
+    commented: dict[str, str] = {}
+    for index, line in enumerate(lines):
+        setting = re.fullmatch(r"# (KVGATE_[A-Z0-9_]+)=(\S*)", line)
+        if setting is None:
+            continue
+        commented[setting[1]] = setting[2]
+        reason = lines[index - 1]
+        assert reason.startswith("# ") and not re.match(r"# KVGATE_[A-Z0-9_]+=", reason), f"{line}: no reason above"
+    assert limit_problems(commented, limit_defaults()) == []
 
 
 def test_sysusers_creates_the_dedicated_user(tmp_path: Path) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from gateway.kvevents.sequence import Cursor
+from gateway.ledger.audit import SummaryStore, collect_audit
 from gateway.ledger.base import LedgerStore
 from gateway.ledger.records import (
     BatchOps,
@@ -15,6 +17,7 @@ from gateway.ledger.records import (
     CloseReason,
     CopiesOp,
     GapRecord,
+    Op,
     OpenOp,
     ResumeOp,
     SaltDigestEntry,
@@ -24,6 +27,8 @@ from gateway.ledger.records import (
 )
 from gateway.ledger.redis_store import RedisStore
 from gateway.ledger.sqlite_store import SqliteStore
+from tests.ledger.audit_history import NOW, audit_policies, comparable, history, scan_and_summary
+from tests.ledger.redis_proc import RedisProcess
 from tests.ledger.support import Backend
 
 BIG_HASH = (1 << 64) - 5  # uint64 above the signed range
@@ -208,5 +213,80 @@ def test_the_ledger_survives_reopening(backend: Backend) -> None:
     async def body(store: LedgerStore) -> None:
         assert [b.block_hash for b in await store.open_blocks()] == [1]
         assert await store.cursors() == {"pool/0": Cursor(0, 10.0)}
+
+    _with_store(backend, body)
+
+
+# -- the audit from the store's own totals (issue 12): both backends, the same report as a full scan ---------
+async def _compact(store: LedgerStore, before: float) -> int:
+    assert isinstance(store, SqliteStore | RedisStore)
+    return await store.compact(before)
+
+
+def test_the_audit_from_totals_equals_a_full_scan_before_and_after_compaction(backend: Backend) -> None:
+    async def body(store: LedgerStore) -> None:
+        assert isinstance(store, SummaryStore)  # the audit is served from its totals, not from its records
+        await store.apply(history())
+        scanned, summarised = await scan_and_summary(store)
+        assert comparable(summarised) == comparable(scanned)
+        acme, gone = summarised["tenants"]["acme"], summarised["tenants"]["gone"]
+        assert acme["GPU"]["violations"]["age"] > 0 and acme["CPU"]["violations"]["medium"] > 0  # not vacuous
+        assert gone["GPU"]["unknown"] > 0 and acme["GPU"]["unknown"] > 0
+        assert summarised["compacted_before"] is None
+        every = await store.records(None, None)
+        records = len(every)
+        opened = sorted((b.source, b.medium, b.tenant, b.stored_at, b.unknown) for b in await store.open_blocks())
+        assert opened == sorted((r.source, r.medium, r.tenant, r.stored_at, r.unknown_since is not None)
+                                for r in every if r.removed_at is None)
+        deleted = await _compact(store, 1400.0)
+        assert deleted > 0
+        assert len(await store.records(None, None)) == records - deleted
+        assert await _compact(store, 1400.0) == 0  # nothing left before that time
+        assert sorted((b.source, b.medium, b.tenant, b.stored_at, b.unknown)
+                      for b in await store.open_blocks()) == opened  # compaction leaves open records alone
+        _rescanned, after = await scan_and_summary(store)
+        assert comparable(after) == comparable(scanned)  # the totals keep what compaction removed
+        assert after["compacted_before"] == "1970-01-01T00:23:20.000Z"
+
+    _with_store(backend, body)
+
+
+def test_both_backends_give_identical_audits_before_and_after_compaction(
+    redis_server: RedisProcess, tmp_path: Path,
+) -> None:
+    backends = [Backend("sqlite", tmp_path / "ledger.sqlite3"), Backend("redis", tmp_path / "unused", redis_server.url)]
+
+    async def reports() -> list[list[dict[str, Any]]]:
+        stores = [await _open(backend) for backend in backends]
+        try:
+            seen: list[list[dict[str, Any]]] = []
+            for store in stores:
+                await store.apply(history())
+                before = (await scan_and_summary(store))[1]
+                deleted = await _compact(store, 3000.0)
+                after = (await scan_and_summary(store))[1]
+                seen.append([before, after, {"deleted": deleted, "left": len(await store.records(None, None))}])
+            return seen
+        finally:
+            for store in stores:
+                await store.close()
+
+    sqlite_reports, redis_reports = asyncio.run(reports())
+    for sqlite_report, redis_report in zip(sqlite_reports, redis_reports, strict=True):
+        assert {k: v for k, v in redis_report.items() if k != "generated_at"} == {
+            k: v for k, v in sqlite_report.items() if k != "generated_at"}
+    assert sqlite_reports[2]["deleted"] > 0
+
+
+def test_lifetime_percentiles_are_the_nearest_rank_within_a_second(backend: Backend) -> None:
+    lifetimes = [float(value) for value in range(1, 201)] + [5000.0]  # 201 lifetimes: p50 = 101, p99 = 199
+
+    async def body(store: LedgerStore) -> None:
+        opens: list[Op] = [OpenOp("GPU", index, None, "acme", 1, 0.0) for index in range(len(lifetimes))]
+        closes: list[Op] = [CloseOp("GPU", index, life) for index, life in enumerate(lifetimes)]
+        await store.apply([BatchOps("p/0", 0, 1.0, "v", opens), BatchOps("p/0", 1, 2.0, "v", closes)])
+        gpu = (await collect_audit(store, audit_policies(), "acme", None, now=NOW))["tenants"]["acme"]["GPU"]
+        assert (gpu["lifetime_p50_s"], gpu["lifetime_p99_s"], gpu["lifetime_max_s"]) == (101.0, 199.0, 5000.0)
+        assert gpu["violations"]["age"] == 101  # 101..200 and 5000 outlive 100 s
 
     _with_store(backend, body)

@@ -10,7 +10,7 @@ import hashlib
 import hmac
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 from openai import OpenAI
+from openai.types import CompletionUsage
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness import PolicyDir, bearer, new_secret, run_gateway
@@ -160,6 +161,20 @@ def test_gateway_metrics_are_its_own(gateway: GatewayUnderTest) -> None:
     assert "vllm:" not in reply.text
 
 
+def assert_relayed_headers(headers: httpx.Headers) -> None:
+    """The gateway's own headers on an answer it relayed: a request id and the pool it chose."""
+    assert headers.get("x-request-id")
+    assert headers.get("x-kvgate-pool") == POOL
+
+
+def streamed_usage(usages: Iterable[CompletionUsage | None], include_usage: bool) -> list[CompletionUsage]:
+    """The usage a stream carried, checked: one usage chunk when the client asked for it, none otherwise (the
+    gateway may ask vLLM for usage to count tokens, but must not hand it to a client that did not)."""
+    reported = [usage for usage in usages if usage is not None]
+    assert len(reported) == (1 if include_usage else 0)
+    return reported
+
+
 def test_non_streaming_completion_and_chat(gateway: GatewayUnderTest) -> None:
     with gateway.client(gateway.alpha_key) as client:
         raw = client.completions.with_raw_response.create(
@@ -173,8 +188,7 @@ def test_non_streaming_completion_and_chat(gateway: GatewayUnderTest) -> None:
             extra_body={"ignore_eos": True},
         )
 
-    assert raw.headers.get("x-request-id")
-    assert raw.headers.get("x-kvgate-pool") == POOL
+    assert_relayed_headers(raw.headers)
     assert completion.choices[0].text
     assert completion.usage is not None
     assert completion.usage.completion_tokens == MAX_TOKENS
@@ -197,17 +211,11 @@ def test_streaming_completion(gateway: GatewayUnderTest, include_usage: bool) ->
         )
         chunks = list(raw.parse())
 
-    assert raw.headers.get("x-request-id")
-    assert raw.headers.get("x-kvgate-pool") == POOL
+    assert_relayed_headers(raw.headers)
     assert "".join(choice.text for chunk in chunks for choice in chunk.choices)
-    with_usage = [chunk for chunk in chunks if chunk.usage is not None]
+    reported = streamed_usage((chunk.usage for chunk in chunks), include_usage)
     if include_usage:
-        assert len(with_usage) == 1
-        assert with_usage[0].usage is not None
-        assert with_usage[0].usage.completion_tokens == MAX_TOKENS
-    else:
-        # The gateway may ask vLLM for usage to count tokens, but must not hand it to a client that did not.
-        assert with_usage == []
+        assert reported[0].completion_tokens == MAX_TOKENS
 
 
 @pytest.mark.parametrize("include_usage", [False, True])
@@ -223,13 +231,11 @@ def test_streaming_chat(gateway: GatewayUnderTest, include_usage: bool) -> None:
         )
         chunks = list(raw.parse())
 
-    assert raw.headers.get("x-request-id")
-    assert raw.headers.get("x-kvgate-pool") == POOL
+    assert_relayed_headers(raw.headers)
     deltas = [choice.delta for chunk in chunks for choice in chunk.choices]
     assert deltas[0].role == "assistant"
     assert "".join(delta.content or "" for delta in deltas)
-    with_usage = [chunk for chunk in chunks if chunk.usage is not None]
-    assert len(with_usage) == (1 if include_usage else 0)
+    streamed_usage((chunk.usage for chunk in chunks), include_usage)
 
 
 def test_tenants_share_no_cached_prefix(gateway: GatewayUnderTest) -> None:

@@ -30,3 +30,9 @@ def test_without_the_process_collector_the_tier_gauge_is_a_lower_bound() -> None
 
 def test_a_page_with_neither_is_unknown_not_zero() -> None:
     assert cache_server_memory("vllm:num_requests_running 0\n") is None
+
+
+def test_a_sample_timestamp_is_not_read_as_the_value() -> None:
+    text = f"{RSS_METRIC} 2.5e+08 1700000000000\n"
+    memory = cache_server_memory(text)
+    assert memory is not None and memory.bytes == 250_000_000

@@ -71,7 +71,11 @@ class _StreamReader:
     def feed(self, line: str) -> None:
         if not line.startswith("data: {"):
             return
-        chunk = json.loads(line[len("data: "):])
+        try:
+            chunk = json.loads(line[len("data: "):])
+        except ValueError:  # recorded on the request's row; one bad line must not end the whole run
+            self.error = "a data line that is not JSON"
+            return
         if self.ttft_s is None and chunk.get("choices"):
             self.ttft_s = time.perf_counter() - self.started
         if isinstance(chunk.get("usage"), dict):

@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway.devtools.loadtest.server import ServerSpec
+from gateway.policy.model import RESERVED_TENANT, TENANT_NAME
 
 Phase = Literal["cold", "repeat", "pressure", "return", "restart"]
 ARMS = ("offload", "control")
@@ -29,10 +30,20 @@ class ArmSpec(Strict):
     pool: str
 
 
+def policy_tenant_name(name: str) -> str:
+    """A tenant name the policy loader accepts, so a scenario never writes a policy directory it would refuse."""
+    if name == RESERVED_TENANT or not TENANT_NAME.match(name):
+        raise ValueError(f"{name!r} is not a tenant name a policy accepts (lowercase letters, digits, '-' or '_', "
+                         f"at most 63, starting alphanumeric; not {RESERVED_TENANT!r})")
+    return name
+
+
 class TenantSpec(Strict):
     name: str
     policy: dict[str, Any] = Field(default_factory=dict)
     """Merged into the tenant's generated policy file (self-started stacks and --write-policies only)."""
+
+    _policy_name = field_validator("name")(policy_tenant_name)
 
 
 class PressureSpec(Strict):

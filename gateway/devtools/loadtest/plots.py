@@ -3,7 +3,8 @@ matplotlib or a plot without data is reported, never fatal."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,36 @@ def draw_all(report: dict[str, Any], out_dir: Path) -> dict[str, str]:
     return status
 
 
+@dataclass
+class _CiBars:
+    """Bars in ms with their 95 % confidence interval as whiskers, gathered one bar at a time."""
+
+    xs: list[float] = field(default_factory=list)
+    heights: list[float] = field(default_factory=list)
+    below: list[float] = field(default_factory=list)  # whisker lengths down to the interval's low end
+    above: list[float] = field(default_factory=list)
+
+    def add(self, x: float, value_s: float, ci95_s: Sequence[float]) -> None:
+        value = value_s * 1000
+        low, high = (bound * 1000 for bound in ci95_s)
+        self.xs.append(x)
+        self.heights.append(value)
+        self.below.append(max(value - low, 0.0))
+        self.above.append(max(high - value, 0.0))
+
+    def draw(self, axes: Any, width: float, **style: Any) -> None:
+        axes.bar(self.xs, self.heights, width, yerr=[self.below, self.above], **style)
+
+
+def _label_phase_bars(axes: Any, phases: Sequence[str], ylabel: str, title: str) -> None:
+    """The frame of a bar plot with one group of bars per phase."""
+    axes.set_xticks(range(len(phases)), phases)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.legend()
+    axes.grid(axis="y", alpha=0.3)
+
+
 def _phases(report: dict[str, Any]) -> list[str]:
     return [phase for phase in PHASE_ORDER if phase in report["phases"]]
 
@@ -59,28 +90,18 @@ def _ttft_by_phase(axes: Any, report: dict[str, Any]) -> None:
         raise NoData("no measured phase")
     width = 0.38
     for offset, arm in zip((-width / 2, width / 2), ARMS, strict=True):
-        centers: list[float] = []
-        medians: list[float] = []
-        errors: list[list[float]] = [[], []]
+        bars = _CiBars()
         for index, phase in enumerate(phases):
             stats = report["phases"][phase][arm]
             if stats["ttft_p50_s"] is None:
                 continue
-            p50 = stats["ttft_p50_s"] * 1000
-            low, high = (value * 1000 for value in stats["ttft_ci95_s"])
-            centers.append(index + offset)
-            medians.append(p50)
-            errors[0].append(max(p50 - low, 0.0))
-            errors[1].append(max(high - p50, 0.0))
+            bars.add(index + offset, stats["ttft_p50_s"], stats["ttft_ci95_s"])
             points = [row["ttft_s"] * 1000 for row in report["requests"] if row["phase"] == phase and row["arm"] == arm
                       and not row["warmup"] and row["role"] != "probe" and row["ttft_s"] is not None]
             axes.scatter([index + offset] * len(points), points, s=9, color="black", alpha=0.35, zorder=3)
-        axes.bar(centers, medians, width, yerr=errors, capsize=4, color=ARM_COLORS[arm], alpha=0.85, label=arm)
-    axes.set_xticks(range(len(phases)), phases)
-    axes.set_ylabel("client TTFT, ms (bar: median, whisker: 95 % CI, dots: requests)")
-    axes.set_title("TTFT per phase and arm, through the gateway")
-    axes.legend()
-    axes.grid(axis="y", alpha=0.3)
+        bars.draw(axes, width, capsize=4, color=ARM_COLORS[arm], alpha=0.85, label=arm)
+    _label_phase_bars(axes, phases, "client TTFT, ms (bar: median, whisker: 95 % CI, dots: requests)",
+                      "TTFT per phase and arm, through the gateway")
 
 
 def _delta_by_tenant(axes: Any, report: dict[str, Any]) -> None:
@@ -90,27 +111,16 @@ def _delta_by_tenant(axes: Any, report: dict[str, Any]) -> None:
         raise NoData("no per-tenant phases")
     width = 0.8 / len(tenants)
     for number, tenant in enumerate(tenants):
-        xs: list[float] = []
-        ys: list[float] = []
-        errors: list[list[float]] = [[], []]
+        bars = _CiBars()
         for index, phase in enumerate(phases):
             stats = report["phases"][phase]["tenants"].get(tenant)
             if not stats or stats["delta_ttft_p50_s"] is None:
                 continue
-            value = stats["delta_ttft_p50_s"] * 1000
-            low, high = (bound * 1000 for bound in stats["delta_ttft_ci95_s"])
-            xs.append(index - 0.4 + width * (number + 0.5))
-            ys.append(value)
-            errors[0].append(max(value - low, 0.0))
-            errors[1].append(max(high - value, 0.0))
-        axes.bar(xs, ys, width, yerr=errors, capsize=3, color=TENANT_COLORS[number % len(TENANT_COLORS)],
-                 label=tenant)
+            bars.add(index - 0.4 + width * (number + 0.5), stats["delta_ttft_p50_s"], stats["delta_ttft_ci95_s"])
+        bars.draw(axes, width, capsize=3, color=TENANT_COLORS[number % len(TENANT_COLORS)], label=tenant)
     axes.axhline(0, color="black", linewidth=0.8)
-    axes.set_xticks(range(len(phases)), phases)
-    axes.set_ylabel("ΔTTFT p50 = offload − control, ms (95 % CI)")
-    axes.set_title("ΔTTFT per tenant and phase (below 0: the CPU tier helped)")
-    axes.legend()
-    axes.grid(axis="y", alpha=0.3)
+    _label_phase_bars(axes, phases, "ΔTTFT p50 = offload − control, ms (95 % CI)",
+                      "ΔTTFT per tenant and phase (below 0: the CPU tier helped)")
 
 
 def _offload_bytes(axes: Any, report: dict[str, Any]) -> None:
@@ -125,11 +135,8 @@ def _offload_bytes(axes: Any, report: dict[str, Any]) -> None:
         values = [deltas[phase].get(name, 0.0) / 1e9 for phase in phases]
         bars = axes.bar([i + offset for i in range(len(phases))], values, width, label=label, color=color)
         axes.bar_label(bars, fmt="%.2f", fontsize=8)
-    axes.set_xticks(range(len(phases)), phases)
-    axes.set_ylabel("GB moved, summed over repetitions")
-    axes.set_title("Offload arm: vllm:kv_offload_{load,store}_bytes_total per phase")
-    axes.legend()
-    axes.grid(axis="y", alpha=0.3)
+    _label_phase_bars(axes, phases, "GB moved, summed over repetitions",
+                      "Offload arm: vllm:kv_offload_{load,store}_bytes_total per phase")
 
 
 PHASE_SHADES = {"cold": "#deebf7", "repeat": "#e5f5e0", "pressure": "#fee6ce", "return": "#efedf5",

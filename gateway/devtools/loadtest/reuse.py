@@ -30,9 +30,9 @@ from typing import Any
 
 import httpx
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gateway.devtools.loadtest.model import ScenarioError
+from gateway.devtools.loadtest.model import ScenarioError, policy_tenant_name
 from gateway.devtools.loadtest.stack import OwnedServer
 from gateway.devtools.loadtest.targets import Access, TenantAccess, wait_healthy
 from gateway.devtools.loadtest.workload_run import WorkloadResult, WorkloadTarget, run_workload
@@ -64,6 +64,8 @@ class ReuseScenario(Strict):
     request_timeout_s: float = Field(default=120.0, gt=0)
     restart_timeout_s: float = Field(default=300.0, gt=0)
     sim: ReuseSim = Field(default_factory=ReuseSim)
+
+    _policy_name = field_validator("tenant")(policy_tenant_name)
 
 
 def is_reuse_file(path: Path) -> bool:

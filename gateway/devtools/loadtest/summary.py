@@ -33,6 +33,10 @@ def arm_summary(rows: list[Row]) -> dict[str, Any]:
     ttfts = [row["ttft_s"] for row in good]
     cached = [row["cached_tokens"] for row in good if row["cached_tokens"] is not None]
     prompts = [row["prompt_tokens"] for row in good if row["prompt_tokens"] is not None]
+    # the share only over answers that reported both: an unknown cached count is not a 0
+    both = [(row["cached_tokens"], row["prompt_tokens"]) for row in good
+            if row["cached_tokens"] is not None and row["prompt_tokens"] is not None]
+    both_prompts = sum(prompt for _, prompt in both)
     overhead = [row["overhead_ms"] for row in good if row["overhead_ms"] is not None]
     with_delta = [row for row in good if row.get("upstream_delta")]
     ci = median_ci(ttfts)
@@ -42,7 +46,7 @@ def arm_summary(rows: list[Row]) -> dict[str, Any]:
         "ttft_min_s": min(ttfts, default=None), "ttft_max_s": max(ttfts, default=None),
         "ttft_ci95_s": list(ci) if ci else None,
         "cached_tokens_mean": mean(cached), "prompt_tokens_mean": mean(prompts),
-        "cached_share": (sum(cached) / sum(prompts)) if prompts and sum(prompts) else None,
+        "cached_share": sum(hit for hit, _ in both) / both_prompts if both_prompts else None,
         "overhead_ms_p50": quantile(overhead, 0.5),
         "misrouted": sum(bool(row.get("misrouted")) for row in rows),
     }

@@ -91,9 +91,9 @@ async def run_workload(http: httpx.AsyncClient, target: WorkloadTarget, spec: Wo
         if response.status_code != 200:
             result.failures += 1
             continue
-        usage = response.json().get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        prompt, cached = int(usage.get("prompt_tokens") or 0), int(details.get("cached_tokens") or 0)
+        usage = _mapping(_json(response), "usage")
+        details = _mapping(usage, "prompt_tokens_details")
+        prompt, cached = _tokens(usage.get("prompt_tokens")), _tokens(details.get("cached_tokens"))
         result.usage_prompt_tokens += prompt
         result.usage_cached_tokens += cached
         result.per_request.append((prompt, cached))
@@ -103,6 +103,22 @@ async def run_workload(http: httpx.AsyncClient, target: WorkloadTarget, spec: Wo
         changed = delta(before, after, always=MEASURED)
         result.upstream_delta = {name: pick(changed, name) for name in MEASURED}
     return result
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:  # an answer of another shape counts as no usage, never as a crash of the replay
+        return None
+
+
+def _mapping(parent: Any, key: str) -> dict[str, Any]:
+    value = parent.get(key) if isinstance(parent, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _tokens(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 async def _pace(at: float) -> None:

@@ -35,6 +35,7 @@ from gateway.kvevents.wire import (
     EventBatch,
     HashValue,
     KvEvent,
+    convert_event,
 )
 
 MEDIUM_GROUPS: dict[BlockMedium, tuple[str, ...]] = {
@@ -70,9 +71,12 @@ class _TokenStored(msgspec.Struct, tag="BlockStored", frozen=True):
     extra_keys: list[Any] | None = None
 
 
+_Event = _TokenStored | BlockRemoved | AllBlocksCleared
+
+
 class _Batch(msgspec.Struct, array_like=True):
     ts: float
-    events: list[_TokenStored | BlockRemoved | AllBlocksCleared]
+    events: list[_Event]
     data_parallel_rank: int | None = None
 
 
@@ -110,10 +114,30 @@ class LMCacheDecoder:
         try:
             batch = self._typed.decode(payload)
         except msgspec.DecodeError:
-            return self._fallback.decode(payload)
+            return self._decode_event_by_event(payload)
         return EventBatch(ts=batch.ts, events=[self._convert(event) for event in batch.events])
 
-    def _convert(self, event: _TokenStored | BlockRemoved | AllBlocksCleared) -> KvEvent:
+    def _decode_event_by_event(self, payload: bytes) -> EventBatch:
+        """A batch the typed path refused (an event of a type unknown here, array-encoded events): the plain vLLM
+        decoding checks the envelope and reads the arrays, and every map event is still converted here, so one
+        unreadable event costs only itself (skipped and counted), not its batch's owners and medium names."""
+        plain = self._fallback.decode(payload)  # WireError when the payload is not a batch at all
+        items = msgspec.msgpack.decode(payload)[1]
+        if not any(isinstance(item, dict) for item in items):
+            return plain
+        events = [event for item in items if (event := self._one(item)) is not None]
+        return EventBatch(ts=plain.ts, events=events, skipped=len(items) - len(events))
+
+    def _one(self, item: Any) -> KvEvent | None:
+        if not isinstance(item, dict):
+            return convert_event(item)  # a positional array carries no token ids: no attribution
+        try:
+            event: _Event = msgspec.convert(item, _Event)
+        except msgspec.ValidationError:
+            return convert_event(item)  # still vLLM's event (token ids unreadable: no attribution), or None
+        return self._convert(event)
+
+    def _convert(self, event: _Event) -> KvEvent:
         if isinstance(event, BlockRemoved) and event.medium not in (None, GPU):
             return self._removed(event)
         if not isinstance(event, _TokenStored):

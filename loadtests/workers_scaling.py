@@ -1,0 +1,420 @@
+"""Throughput of `kvgate serve --workers N` against N: does it scale with cores?
+
+Layout: fast upstreams (loadtests.fast_upstream, one process per upstream core, all in the tenant's pool),
+the gateway (its parent and each worker pinned to a core of its own out of --gateway-cores; N = 1 is the
+plain single-process server, the baseline), and several load-generator processes (this module's `generate`
+mode, closed-loop streaming clients from loadtests.loadgen, pinned to --client-cores). Loopback only. For
+each N the generators keep `--streams-per-worker × N` streams busy; after a warm-up, requests completed in a
+fixed window are counted. Reported per N: requests/s, the efficiency rps(N) / (N × rps(1)) against the issue's
+0.85 target, client TTFT p50, and the CPU of every part (gateway workers, upstreams, generators, as cores busy)
+so a generator or upstream that ran out of CPU is visible rather than mistaken for the gateway's limit.
+
+    python -m loadtests.workers_scaling --workers 1,2,4,8 --gateway-cores 0-7 --upstream-cores 8-10 \\
+        --client-cores 11-15 --out DIR
+
+It needs only the project's installed dependencies and loopback networking; the report lands in
+DIR/report.json and DIR/report.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import uvloop
+import yaml
+
+from gateway.devtools.localproc import ServerProcess, free_port, kvgate_command, run_server
+from gateway.keys import hash_key, new_key
+from loadtests import loadgen, procstat
+from loadtests.loadgen import Target
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TENANT = "bench"
+PROMPT = "Explain in a few words why a per-tenant cache salt keeps prefix caches apart. " * 3
+TARGET_EFFICIENCY = 0.85
+SATURATED = 0.9  # a generator or upstream process this busy (cores) may be what limits the run
+WORKER_BUSY = 0.85  # a gateway worker less busy than this was not the limit: the run did not load it fully
+READY_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Config:
+    workers: list[int]
+    gateway_cores: list[int]
+    upstream_cores: list[int]
+    client_cores: list[int]
+    clients: int
+    streams_per_worker: int
+    warmup_s: float
+    duration_s: float
+    rounds: int
+    tokens: int
+    token_ms: float
+    ttft_ms: float
+    log_level: str
+    out: Path
+    listen: str = "shared"  # KVGATE_WORKERS_LISTEN
+    shared_cores: bool = False  # small boxes only: the parts may share cores (the figures then say so)
+
+
+def parse_cores(text: str) -> list[int]:
+    """`0-3,6` -> [0, 1, 2, 3, 6]."""
+    cores: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cores.extend(range(int(low), int(high or low) + 1))
+    return cores
+
+
+def parse_args(argv: Sequence[str] | None) -> Config:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.workers_scaling", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", default="1,2,4,8", help="worker counts to measure (comma-separated)")
+    parser.add_argument("--gateway-cores", default="0-7", help="cores for the gateway: one per worker")
+    parser.add_argument("--upstream-cores", default="8-10", help="cores for the fast upstreams: one process each")
+    parser.add_argument("--client-cores", default="11-15", help="cores for the load-generator processes")
+    parser.add_argument("--clients", type=int, default=0, help="generator processes (default: one per client core)")
+    parser.add_argument("--streams-per-worker", type=int, default=128, help="concurrent streams per gateway worker")
+    parser.add_argument("--warmup-s", type=float, default=4.0)
+    parser.add_argument("--duration-s", type=float, default=12.0)
+    parser.add_argument("--rounds", type=int, default=1, help="runs per N; the median rate is reported")
+    parser.add_argument("--tokens", type=int, default=16, help="streamed tokens per response")
+    parser.add_argument("--token-ms", type=float, default=1.0)
+    parser.add_argument("--ttft-ms", type=float, default=5.0)
+    parser.add_argument("--log-level", default="info", help="the gateway's (info: the per-request log line is on)")
+    parser.add_argument("--out", type=Path, required=True, help="directory for report.json and report.md")
+    parser.add_argument("--listen", choices=["shared", "reuseport"], default="shared",
+                        help="KVGATE_WORKERS_LISTEN: one shared listening socket, or SO_REUSEPORT sockets")
+    parser.add_argument("--allow-shared-cores", action="store_true",
+                        help="let the core sets overlap (a smoke run on a small box; not a measurement)")
+    args = parser.parse_args(argv)
+    client_cores = parse_cores(args.client_cores)
+    return Config(sorted({int(n) for n in args.workers.split(",")}), parse_cores(args.gateway_cores),
+                  parse_cores(args.upstream_cores), client_cores, args.clients or len(client_cores),
+                  args.streams_per_worker, args.warmup_s, args.duration_s, args.rounds, args.tokens, args.token_ms,
+                  args.ttft_ms, args.log_level, args.out, args.listen, args.allow_shared_cores)
+
+
+def check_cores(config: Config) -> None:
+    available = procstat.process_affinity(0)
+    sets = (set(config.gateway_cores), set(config.upstream_cores), set(config.client_cores))
+    every = set().union(*sets)
+    if not every <= available:
+        raise SystemExit(f"cores {sorted(every - available)} are not available here (have {sorted(available)})")
+    if sum(len(cores) for cores in sets) != len(every) and not config.shared_cores:
+        raise SystemExit("--gateway-cores, --upstream-cores and --client-cores must not overlap")
+    if max(config.workers) > len(config.gateway_cores):
+        raise SystemExit(f"{max(config.workers)} workers need as many --gateway-cores (have "
+                         f"{len(config.gateway_cores)})")
+
+
+# -- the parts ------------------------------------------------------------------------------------------
+
+
+def importable_here() -> dict[str, str]:
+    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {"PYTHONPATH": os.pathsep.join(paths)}
+
+
+def write_policies(root: Path, upstreams: list[str]) -> str:
+    key = new_key()
+    gateway = {"pools": {"bench": {"upstreams": upstreams}}, "default_pool": "bench", "public_paths": ["/livez"]}
+    tenant = {"tenant": TENANT, "keys": [{"sha256": hash_key(key), "scopes": ["inference"]}],
+              "cache": {"isolation": "tenant"}}
+    (root / "tenants").mkdir(parents=True)
+    (root / "gateway.yaml").write_text(yaml.safe_dump(gateway, sort_keys=False))
+    (root / "tenants" / f"{TENANT}.yaml").write_text(yaml.safe_dump(tenant, sort_keys=False))
+    return key
+
+
+@contextmanager
+def upstreams(config: Config, work: Path) -> Iterator[list[ServerProcess]]:
+    with ExitStack() as stack:
+        started = []
+        for index, core in enumerate(config.upstream_cores):
+            port = free_port()
+            argv = [sys.executable, "-m", "loadtests.fast_upstream", "--port", str(port),
+                    "--ttft-ms", str(config.ttft_ms), "--token-ms", str(config.token_ms),
+                    "--tokens", str(config.tokens)]
+            server = stack.enter_context(run_server(argv, port, work / f"upstream-{index}.log",
+                                                    env=importable_here(), ready_path="/health"))
+            procstat.pin_process(server.popen.pid, {core})
+            started.append(server)
+        yield started
+
+
+@contextmanager
+def gateway(config: Config, work: Path, workers: int, upstream_urls: list[str]) -> Iterator[tuple[ServerProcess, str]]:
+    """`kvgate serve` with `workers` (1: the single-process server), each worker pinned to a core of its own."""
+    run_dir = work / f"gateway-{workers}"
+    run_dir.mkdir()
+    key = write_policies(run_dir / "policies", upstream_urls)
+    port = free_port()
+    env = {"KVGATE_SALT_SECRET": "bench-" + secrets.token_hex(16), "KVGATE_LOG_LEVEL": config.log_level,
+           "KVGATE_STATE_PATH": str(run_dir / "state.sqlite3"), "KVGATE_WORKERS": str(workers),
+           "KVGATE_WORKERS_LISTEN": config.listen}
+    argv = kvgate_command("serve", "--policies", str(run_dir / "policies"), "--port", str(port))
+    with run_server(argv, port, run_dir / "gateway.log", env=env) as server:
+        wait_for_workers(server, workers)
+        cores = config.gateway_cores[:workers]
+        procstat.pin_process(server.popen.pid, set(cores))
+        for pid, core in zip(worker_pids(server, workers), cores, strict=True):
+            procstat.pin_process(pid, {core})
+        yield server, key
+
+
+def worker_pids(server: ServerProcess, workers: int) -> list[int]:
+    if workers == 1:
+        return [server.popen.pid]
+    return [pid for pid in procstat.process_tree(server.popen.pid) if pid != server.popen.pid]
+
+
+def wait_for_workers(server: ServerProcess, workers: int) -> None:
+    if workers == 1:
+        return
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while '"workers_ready"' not in server.log_text():
+        if time.monotonic() > deadline or server.popen.poll() is not None:
+            raise RuntimeError(f"the workers did not start:\n{server.log_text()[-3000:]}")
+        time.sleep(0.1)  # polling the parent's log for its readiness line
+
+
+def request_body(config: Config) -> bytes:
+    return json.dumps({"model": "m", "max_tokens": config.tokens, "stream": True, "temperature": 0,
+                       "messages": [{"role": "user", "content": PROMPT}]}).encode()
+
+
+# -- generators -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Generated:
+    completed: int
+    errors: int
+    window_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    cpu_s: float  # this generator's own CPU in the window
+
+
+def start_generators(config: Config, url: str, key: str, streams: int, start_at: float,
+                     work: Path) -> list[subprocess.Popen[bytes]]:
+    body = work / "body.json"
+    body.write_bytes(request_body(config))
+    shares = [streams // config.clients + (index < streams % config.clients) for index in range(config.clients)]
+    started = []
+    for index, share in enumerate(shares):
+        if share == 0:
+            continue
+        core = config.client_cores[index % len(config.client_cores)]
+        argv = [sys.executable, "-m", "loadtests.workers_scaling", "generate", "--url", url, "--key", key,
+                "--body", str(body), "--streams", str(share), "--start-at", repr(start_at),
+                "--warmup-s", str(config.warmup_s), "--duration-s", str(config.duration_s), "--core", str(core)]
+        started.append(subprocess.Popen(argv, stdout=subprocess.PIPE, env={**os.environ, **importable_here()}))
+    return started
+
+
+def generate_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="workers_scaling generate")
+    for name in ("--url", "--key", "--body"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--streams", type=int, required=True)
+    parser.add_argument("--start-at", type=float, required=True)
+    parser.add_argument("--warmup-s", type=float, required=True)
+    parser.add_argument("--duration-s", type=float, required=True)
+    parser.add_argument("--core", type=int, required=True)
+    args = parser.parse_args(argv)
+    os.sched_setaffinity(0, {args.core})
+    target = Target("gateway", args.url, {"content-type": "application/json", "authorization": f"Bearer {args.key}"},
+                    Path(args.body).read_bytes())
+    time.sleep(max(0.0, args.start_at - time.time()))  # every generator starts at the same moment
+    run = uvloop.run(loadgen.run_phase(target, args.streams, args.warmup_s, args.duration_s,
+                                       min(1.0, args.warmup_s / 2), lambda: procstat.process_cpu_s(os.getpid())))
+    stats = loadgen.summarize(run.samples, run.start.at, run.end.at)
+    print(json.dumps(asdict(Generated(stats.completed, stats.errors, stats.window_s, stats.ttft_p50_ms,
+                                      stats.ttft_p99_ms, run.end.value - run.start.value))))
+    return 0
+
+
+# -- one measurement ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measured:
+    workers: int
+    requests_per_s: float
+    errors: int
+    ttft_p50_ms: float
+    gateway_cores_busy: float  # CPU seconds of parent and workers / window
+    gateway_cpu_ms_per_request: float  # the gateway's CPU per completed request: flat when it scales
+    foreign_busy: float  # cores' worth of the gateway's cores used by other processes in the window
+    worker_busy: list[float]  # per worker
+    upstream_busy: list[float]
+    generator_busy: list[float]
+    warnings: list[str]
+
+
+def cpu_of(pids: Sequence[int]) -> list[float]:
+    values = []
+    for pid in pids:
+        try:
+            values.append(procstat.process_cpu_s(pid))
+        except OSError:
+            values.append(math.nan)
+    return values
+
+
+def measure(config: Config, workers: int, upstream_list: list[ServerProcess], work: Path) -> Measured:
+    urls = [server.url for server in upstream_list]
+    with gateway(config, work, workers, urls) as (server, key):
+        url = f"{server.url}/v1/chat/completions"
+        sanity(url, key)
+        start_at = time.time() + 1.0
+        generators = start_generators(config, url, key, config.streams_per_worker * workers, start_at, work)
+        pids = worker_pids(server, workers)
+        upstream_pids = [up.popen.pid for up in upstream_list]
+        time.sleep(max(0.0, start_at + config.warmup_s - time.time()))  # to the window's start
+        cores_before = procstat.core_busy_s()
+        first = (cpu_of(pids), cpu_of(upstream_pids), procstat.process_cpu_s(server.popen.pid), time.monotonic())
+        time.sleep(config.duration_s)  # the window
+        last = (cpu_of(pids), cpu_of(upstream_pids), procstat.process_cpu_s(server.popen.pid), time.monotonic())
+        cores_after = procstat.core_busy_s()
+        results = [collect(generator) for generator in generators]
+    window = last[3] - first[3]
+    worker_busy = [(b - a) / window for a, b in zip(first[0], last[0], strict=True)]
+    parent_busy = (last[2] - first[2]) / window if workers > 1 else 0.0
+    upstream_busy = [(b - a) / window for a, b in zip(first[1], last[1], strict=True)]
+    generator_busy = [result.cpu_s / result.window_s for result in results]
+    warnings = [f"generator {index} was {busy:.0%} busy: the load may be generator-bound"
+                for index, busy in enumerate(generator_busy) if busy > SATURATED]
+    warnings += [f"upstream {index} was {busy:.0%} busy: the load may be upstream-bound"
+                 for index, busy in enumerate(upstream_busy) if busy > SATURATED]
+    warnings += [f"worker {index} was only {busy:.0%} busy: the gateway was not the limit (more streams?)"
+                 for index, busy in enumerate(worker_busy) if busy < WORKER_BUSY]
+    errors = sum(result.errors for result in results)
+    if errors:
+        warnings.append(f"{errors} requests failed")
+    gateway_busy = sum(worker_busy) + parent_busy
+    cores_busy = sum(cores_after[core] - cores_before[core] for core in config.gateway_cores[:workers]) / window
+    foreign = max(0.0, cores_busy - gateway_busy)
+    if foreign > 0.1 * workers:
+        warnings.append(f"other processes used {foreign:.2f} cores of the gateway's cores")
+    rate = sum(result.completed / result.window_s for result in results)
+    return Measured(workers, rate, errors, statistics.median(result.ttft_p50_ms for result in results),
+                    gateway_busy, gateway_busy / rate * 1000 if rate else math.nan, foreign, worker_busy,
+                    upstream_busy, generator_busy, warnings)
+
+
+def collect(generator: subprocess.Popen[bytes]) -> Generated:
+    out, _ = generator.communicate(timeout=READY_TIMEOUT_S)
+    if generator.returncode != 0:
+        raise RuntimeError(f"a load generator failed with status {generator.returncode}")
+    return Generated(**json.loads(out))
+
+
+def sanity(url: str, key: str) -> None:
+    async def one() -> loadgen.Sample:
+        target = Target("gateway", url, {"content-type": "application/json", "authorization": f"Bearer {key}"},
+                        json.dumps({"model": "m", "max_tokens": 4, "stream": True,
+                                    "messages": [{"role": "user", "content": "hi"}]}).encode())
+        async with loadgen.new_session(1) as session:
+            return await loadgen.one_request(session, target)
+
+    if not uvloop.run(one()).ok:
+        raise RuntimeError(f"a streamed request through the gateway at {url} failed")
+
+
+# -- the report -----------------------------------------------------------------------------------------
+
+
+def report(config: Config, runs: dict[int, list[Measured]]) -> dict[str, Any]:
+    chosen = {workers: sorted(measured, key=lambda m: m.requests_per_s)[len(measured) // 2]
+              for workers, measured in runs.items()}
+    base = chosen.get(1)
+    rows = []
+    for workers, measured in sorted(chosen.items()):
+        efficiency = measured.requests_per_s / (workers * base.requests_per_s) if base else None
+        rows.append({**asdict(measured), "efficiency": efficiency,
+                     "meets_target": None if efficiency is None else efficiency >= TARGET_EFFICIENCY,
+                     "rounds_rps": [m.requests_per_s for m in runs[workers]]})
+    return {"config": {**asdict(config), "out": str(config.out)}, "target_efficiency": TARGET_EFFICIENCY,
+            "host_cpus": os.cpu_count(), "rows": rows}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = ["| workers | requests/s | ÷ (N × rps(1)) | client TTFT p50 | gateway cores busy | "
+             "gateway CPU per request | per worker | upstreams busy | generators busy | others on gateway cores | "
+             "errors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        efficiency = "unknown (no N=1 run)" if row["efficiency"] is None else f"{row['efficiency']:.3f}"
+        lines.append(
+            f"| {row['workers']} | {row['requests_per_s']:.0f} | {efficiency} | {row['ttft_p50_ms']:.2f} ms | "
+            f"{row['gateway_cores_busy']:.2f} | {row['gateway_cpu_ms_per_request']:.3f} ms | "
+            f"{', '.join(f'{b:.0%}' for b in row['worker_busy'])} | "
+            f"{', '.join(f'{b:.0%}' for b in row['upstream_busy'])} | "
+            f"{', '.join(f'{b:.0%}' for b in row['generator_busy'])} | {row['foreign_busy']:.2f} | {row['errors']} |")
+    warnings = [f"- N={row['workers']}: {warning}" for row in result["rows"] for warning in row["warnings"]]
+    config = result["config"]
+    return "\n".join([
+        f"# kvgate serve --workers N: throughput (target ≥ {TARGET_EFFICIENCY} × N × rps(1))", "",
+        f"Host CPUs: {result['host_cpus']}; gateway cores {config['gateway_cores']}, upstream cores "
+        f"{config['upstream_cores']}, client cores {config['client_cores']} ({config['clients']} generator "
+        f"processes); {config['streams_per_worker']} streams per worker; streamed chat, {config['tokens']} tokens, "
+        f"TTFT {config['ttft_ms']} ms, {config['token_ms']} ms apart; {config['warmup_s']} s warm-up, "
+        f"{config['duration_s']} s window, {config['rounds']} round(s) (the median round by rate; the upper one of "
+        f"two); listening: {config['listen']}.",
+        "", *lines, "",
+        *(["Warnings:", *warnings] if warnings else ["No part other than the gateway ran out of CPU."]),
+        *(["", "**The core sets overlapped (--allow-shared-cores): a smoke run, not a measurement.**"]
+          if config["shared_cores"] else []), ""])
+
+
+def run(config: Config) -> dict[str, Any]:
+    check_cores(config)
+    config.out.mkdir(parents=True, exist_ok=True)
+    runs: dict[int, list[Measured]] = {}
+    with tempfile.TemporaryDirectory(prefix="kvgate-workers-bench-") as temp:
+        work = Path(temp)
+        with upstreams(config, work) as upstream_list:
+            for round_index in range(config.rounds):
+                for workers in config.workers:
+                    round_dir = work / f"round-{round_index}"
+                    round_dir.mkdir(exist_ok=True)
+                    measured = measure(config, workers, upstream_list, round_dir)
+                    runs.setdefault(workers, []).append(measured)
+                    print(f"workers={workers} rps={measured.requests_per_s:.0f} "
+                          f"gateway_busy={measured.gateway_cores_busy:.2f} "
+                          f"generators={[round(b, 2) for b in measured.generator_busy]} "
+                          f"upstreams={[round(b, 2) for b in measured.upstream_busy]}", flush=True)
+    result = report(config, runs)
+    (config.out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+    (config.out / "report.md").write_text(markdown(result))
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["generate"]:
+        return generate_main(args[1:])
+    result = run(parse_args(args))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Logging as a served process sets it up, run in a child interpreter (structlog's configuration is global, so the
+test process's own stays untouched): one JSON object per line, levels filtered, request context merged, and the
+standard-library bridge that keeps exception messages (which may quote a prompt or a key) out of the log."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+from gateway.log import stack_frames
+
+SECRET = "PROMPT-TEXT-kvg_secretkey-salt"  # stands for anything that must never reach a log line
+
+
+def run_logging(body: str, fmt: str = "json", level: str = "info") -> str:
+    script = textwrap.dedent(f"""
+        import logging, pathlib, structlog
+        from gateway.log import configure_logging, get_logger
+        configure_logging({fmt!r}, {level!r})
+        log = get_logger("test")
+    """) + textwrap.dedent(body)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout == ""  # everything goes to stderr
+    return done.stderr
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_each_event_is_one_json_object_with_level_and_utc_time() -> None:
+    (line,) = json_lines(run_logging('log.info("request_done", tenant="acme", status=200, ttft_s=0.25)'))
+    assert {key: line[key] for key in ("event", "tenant", "status", "ttft_s", "level")} == {
+        "event": "request_done", "tenant": "acme", "status": 200, "ttft_s": 0.25, "level": "info"}
+    assert line["timestamp"].endswith("Z")
+
+
+@pytest.mark.parametrize(("level", "events"), [
+    ("debug", ["d", "i", "w", "e"]), ("info", ["i", "w", "e"]), ("warning", ["w", "e"]), ("error", ["e"]),
+])
+def test_events_below_the_level_are_dropped(level: str, events: list[str]) -> None:
+    out = run_logging('log.debug("d"); log.info("i"); log.warning("w"); log.error("e")', level=level)
+    assert [line["event"] for line in json_lines(out)] == events
+
+
+def test_request_context_from_contextvars_is_merged_into_every_line() -> None:
+    out = run_logging("""
+        structlog.contextvars.bind_contextvars(request_id="req-1")
+        log.info("one")
+        structlog.contextvars.clear_contextvars()
+        log.info("two")
+    """)
+    one, two = json_lines(out)
+    assert one["request_id"] == "req-1" and "request_id" not in two
+
+
+def test_values_json_cannot_encode_are_written_as_text() -> None:
+    (line,) = json_lines(run_logging('log.info("paths", path=pathlib.Path("/tmp/x"), raw=b"ab")'))
+    assert line["path"] == "/tmp/x"
+
+
+def test_library_log_records_join_the_same_json_stream() -> None:
+    (line,) = json_lines(run_logging('logging.getLogger("uvicorn.error").warning("port %d busy", 8080)'))
+    assert (line["event"], line["logger"], line["level"]) == ("port 8080 busy", "uvicorn.error", "warning")
+
+
+def test_an_exceptions_message_never_reaches_the_log_only_its_type_and_frames() -> None:
+    out = run_logging(f"""
+        def handler():
+            raise ValueError("could not parse {SECRET}")
+        try:
+            handler()
+        except ValueError:
+            logging.getLogger("asyncio").exception("Task exception was never retrieved")
+    """)
+    assert SECRET not in out
+    (line,) = json_lines(out)
+    assert (line["event"], line["error_type"], line["level"]) == ("Task exception was never retrieved",
+                                                                  "ValueError", "error")
+    assert line["stack"][-1].endswith(" in handler")
+
+
+def test_library_records_below_the_level_are_dropped() -> None:
+    assert run_logging('logging.getLogger("lib").info("chatty")', level="warning") == ""
+
+
+def test_the_console_format_is_plain_text() -> None:
+    out = run_logging('log.info("hello", tenant="acme")', fmt="console")
+    assert "hello" in out and "tenant=acme" in out
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(out.splitlines()[0])
+
+
+def test_stack_frames_name_file_line_and_function() -> None:
+    def inner() -> None:
+        raise RuntimeError(SECRET)
+
+    try:
+        inner()
+    except RuntimeError as error:
+        frames = stack_frames(error.__traceback__)
+    assert len(frames) == 2
+    assert frames[-1].startswith(__file__ + ":") and frames[-1].endswith(" in inner")
+    assert all(SECRET not in frame for frame in frames)
+    assert stack_frames(None) == []

@@ -1,0 +1,170 @@
+"""The reuse trace's request-path decision and its background writer, on a real SQLite trace store: each outcome a
+request can be counted under, the bounds on what is queued, the records written (numbers and fingerprints, never
+text), per-user keys, erasure on a raised salt epoch, and the fingerprint chain's prefix property."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from gateway.policy.loader import PolicySet
+from gateway.policy.model import CachePolicy, GatewayConfig, TenantPolicy
+from gateway.proxy.sse import Usage
+from gateway.reuse.fingerprint import FINGERPRINT_BYTES, PromptParts, fingerprints, tenant_trace_key
+from gateway.reuse.record import TraceRecord, encode_record
+from gateway.reuse.store import SqliteTraceStore
+from gateway.reuse.trace import FinishedRequest, ReuseTrace, TraceMetrics, TraceSettings, TransferCaps
+from gateway.storage import Storage
+
+SECRET = b"unit-secret-of-at-least-32-bytes!!"
+GATEWAY = GatewayConfig.model_validate({"pools": {"p": {"upstreams": ["http://a"]}}, "default_pool": "p"})
+USAGE = Usage(prompt_tokens=48, cached_tokens=16, completion_tokens=5)
+IDS = list(range(7, 7 + 48))  # three 16-token blocks
+
+
+def policy_set(epoch: int = 1) -> PolicySet:
+    acme = TenantPolicy(tenant="acme", cache=CachePolicy(salt_epoch=epoch))
+    return PolicySet(gateway=GATEWAY, tenants={"acme": acme}, keys={}, version="v")
+
+
+async def new_trace(tmp_path: Path, **changes: object) -> tuple[ReuseTrace, Storage, CollectorRegistry]:
+    storage = await Storage.open(None, tmp_path / "state.sqlite3")
+    store = await SqliteTraceStore.open(storage.sqlite_worker())
+    registry = CollectorRegistry()
+    trace_settings = TraceSettings(**changes)  # type: ignore[arg-type]
+    current = policy_set()
+    return ReuseTrace(store, SECRET, trace_settings, TraceMetrics(registry), lambda: current), storage, registry
+
+
+def finished(epoch: int, parts: PromptParts | None, usage: Usage | None, user: str | None = None,
+             caps: TransferCaps = (None, None)) -> FinishedRequest:
+    return FinishedRequest("acme", epoch, "p", parts, usage, user, caps)
+
+
+def counted(registry: CollectorRegistry, outcome: str) -> float:
+    value = registry.get_sample_value("kvgate_reuse_trace_requests_total", {"tenant": "acme", "outcome": outcome})
+    return value or 0.0
+
+
+@pytest.mark.parametrize(("parts", "usage", "outcome"), [
+    (None, USAGE, "no_prompt"),
+    (PromptParts([]), USAGE, "no_prompt"),
+    (PromptParts(None, ("",)), USAGE, "no_prompt"),
+    (PromptParts(IDS), None, "no_usage"),
+    (PromptParts(IDS), Usage(prompt_tokens=0), "no_usage"),
+    (PromptParts(IDS[:15]), USAGE, "short_prompt"),  # not one whole 16-token block
+    (PromptParts(IDS[:16]), USAGE, "sampled"),
+    (PromptParts(IDS), USAGE, "sampled"),
+    (PromptParts(None, ("x" * 63,)), Usage(prompt_tokens=16), "short_prompt"),  # 4 chars per token: 64 needed
+    (PromptParts(None, ("x" * 40, "y" * 24)), Usage(prompt_tokens=16), "sampled"),
+])
+def test_each_request_is_counted_under_one_outcome(tmp_path: Path, parts: PromptParts | None, usage: Usage | None,
+                                                   outcome: str) -> None:
+    async def run() -> None:
+        trace, storage, registry = await new_trace(tmp_path)
+        assert trace.observe(finished(1, parts, usage)) == outcome
+        assert counted(registry, outcome) == 1
+        await storage.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("bound", [{"max_pending": 2}, {"max_pending_units": 100}])
+def test_a_full_queue_drops_and_counts_instead_of_growing(tmp_path: Path, bound: dict[str, int]) -> None:
+    async def run() -> None:
+        trace, storage, registry = await new_trace(tmp_path, **bound)
+        outcomes = [trace.observe(finished(1, PromptParts(IDS), USAGE)) for _ in range(3)]
+        assert outcomes == ["sampled", "sampled", "dropped_queue_full"]
+        assert counted(registry, "dropped_queue_full") == 1
+        await trace.flush()  # the queue drains, so requests are taken again
+        assert trace.observe(finished(1, PromptParts(IDS), USAGE)) == "sampled"
+        await storage.close()
+
+    asyncio.run(run())
+
+
+def test_a_flush_writes_numbers_and_fingerprints_and_never_the_prompt(tmp_path: Path) -> None:
+    secret_text = "CONFIDENTIAL-PROMPT " * 10  # 200 characters
+
+    async def run() -> list[TraceRecord]:
+        trace, storage, _ = await new_trace(tmp_path)
+        trace.observe(finished(1, PromptParts(IDS), USAGE, caps=(512, 0)))
+        trace.observe(finished(1, PromptParts(None, (secret_text,)), Usage(prompt_tokens=50)))
+        assert await trace.flush() is True
+        records = await trace.store.read("acme", None)
+        raw = await storage.sqlite_worker().run(lambda db: db.execute("SELECT * FROM reuse_trace").fetchall())
+        assert b"CONFIDENTIAL" not in repr(raw).encode() and all(b"CONFIDENTIAL" not in encode_record(r)
+                                                                  for r in records)
+        await storage.close()
+        return records
+
+    ids_record, text_record = sorted(asyncio.run(run()), key=lambda record: record.text)
+    assert (ids_record.prompt_tokens, ids_record.cached_tokens, ids_record.completion_tokens) == (48, 16, 5)
+    assert (ids_record.text, ids_record.chunk_units, ids_record.tokens_per_chunk) == (False, 16, 16.0)
+    assert (ids_record.max_offload_tokens, ids_record.max_load_tokens, ids_record.epoch) == (512, 0, 1)
+    assert ids_record.chunks == 3 and len(ids_record.chain) == 3 * FINGERPRINT_BYTES
+    # 200 characters for 50 tokens: 4 per token, so 64-character chunks of 16 tokens each, three whole ones
+    assert (text_record.text, text_record.chunk_units, text_record.tokens_per_chunk, text_record.chunks) == (
+        True, 64, 16.0, 3)
+
+
+def test_users_of_a_per_user_tenant_get_chains_of_their_own(tmp_path: Path) -> None:
+    async def run() -> list[bytes]:
+        trace, storage, _ = await new_trace(tmp_path)
+        for user in ("alice", "bob", None):
+            trace.observe(finished(1, PromptParts(IDS), USAGE, user=user))
+        await trace.flush()
+        chains = [record.chain for record in await trace.store.read("acme", None)]
+        await storage.close()
+        return chains
+
+    chains = asyncio.run(run())
+    assert len(chains) == 3 and len(set(chains)) == 3
+    key = tenant_trace_key(SECRET, "acme")
+    assert b"".join(fingerprints(key, IDS, 16, 4.0)) in chains  # the tenant-wide chain is the plain one
+
+
+def test_a_raised_epoch_erases_what_is_queued_and_stored_below_it(tmp_path: Path) -> None:
+    async def run() -> None:
+        trace, storage, _ = await new_trace(tmp_path)
+        trace.observe(finished(1, PromptParts(IDS), USAGE))
+        await trace.flush()
+        trace.observe(finished(1, PromptParts(IDS[:32]), USAGE))  # queued, not yet written
+        trace.on_policies(policy_set(epoch=2))  # `tenant forget`
+        trace.observe(finished(2, PromptParts(IDS[:16]), USAGE))
+        await trace.flush()
+        records = await trace.store.read("acme", None)
+        assert [(record.epoch, record.chunks) for record in records] == [(2, 1)]
+        trace.on_policies(policy_set(epoch=2))  # the same epoch again erases nothing
+        await trace.flush()
+        assert len(await trace.store.read("acme", None)) == 1
+        await storage.close()
+
+    asyncio.run(run())
+
+
+KEY = tenant_trace_key(SECRET, "acme")
+
+
+@settings(max_examples=40, deadline=None)
+@given(shared=st.integers(0, 6), tail_a=st.lists(st.integers(0, 50_000), min_size=4, max_size=40),
+       tail_b=st.lists(st.integers(0, 50_000), min_size=4, max_size=40))
+def test_prompts_share_exactly_the_fingerprints_of_their_shared_whole_blocks(shared: int, tail_a: list[int],
+                                                                              tail_b: list[int]) -> None:
+    prefix = list(range(shared * 4))
+    if tail_a[:4] == tail_b[:4]:
+        tail_b = [tail_a[0] + 1, *tail_b[1:]]  # the first block after the prefix differs
+    a, b = fingerprints(KEY, prefix + tail_a, 4, 4.0), fingerprints(KEY, prefix + tail_b, 4, 4.0)
+    assert a[:shared] == b[:shared]
+    assert a[shared] != b[shared]  # and nothing after the first difference matches by chaining
+    assert all(len(fingerprint) == FINGERPRINT_BYTES for fingerprint in a)
+
+
+def test_fingerprints_are_keyed_per_tenant() -> None:
+    assert fingerprints(KEY, IDS, 16, 4.0) != fingerprints(tenant_trace_key(SECRET, "beta"), IDS, 16, 4.0)
+    assert fingerprints(KEY, IDS, 16, 4.0) != fingerprints(tenant_trace_key(b"another" * 5, "acme"), IDS, 16, 4.0)

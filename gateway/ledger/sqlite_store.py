@@ -418,6 +418,7 @@ def _set_up(db: sqlite3.Connection) -> None:
                 db.execute(f"ALTER TABLE ledger_blocks ADD COLUMN {column} {kind}")
         db.executescript(f"BEGIN IMMEDIATE; {MIGRATE_LEGACY} COMMIT;")
     sqlite_tally.install(db)
+    db.execute("PRAGMA temp_store = MEMORY")  # the removals' key table lives for one statement: no file for it
     db.execute("DROP TABLE IF EXISTS temp.ledger_closing")
     db.execute("CREATE TEMP TABLE ledger_closing (medium TEXT NOT NULL, hash NOT NULL, removed_at REAL NOT NULL)")
 

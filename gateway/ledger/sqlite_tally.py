@@ -273,7 +273,7 @@ def _open_ages(
     return overdue, oldest
 
 
-PROBE = 10_000  # overdue blocks counted directly up to this many; past it, the young ones are counted instead
+PROBE = 2_000  # overdue blocks counted directly up to this many; past it, the young ones are counted instead
 OPEN_WHERE = "tenant = ? AND medium = ? AND source = ?"
 
 

@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from gateway.ledger import sqlite_tally
 from gateway.ledger.audit import collect_audit
 from gateway.ledger.records import (
     CONTROL_SEQ,
@@ -245,3 +246,23 @@ def test_a_file_with_open_and_closed_records_in_one_table_is_moved_over(tmp_path
     asyncio.run(scenario())
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT name FROM sqlite_master WHERE name = 'ledger_blocks'").fetchone() is None
+
+
+def test_overdue_open_blocks_past_the_probe_are_counted_from_the_young_side(tmp_path: Path) -> None:
+    """More overdue open blocks than the direct probe counts: the total minus the young ones, still exact."""
+    overdue, young = sqlite_tally.PROBE + 37, 11
+
+    async def scenario() -> None:
+        store = await SqliteStore.open(tmp_path / "ledger.sqlite3")
+        try:
+            opens: list[Op] = [OpenOp("GPU", index, None, "acme", 1, 1_000.0 + index * 0.001)
+                               for index in range(overdue)]
+            opens += [OpenOp("GPU", overdue + index, None, "acme", 1, NOW - 5.0) for index in range(young)]
+            await store.apply([BatchOps("p/0", 0, 1.0, "v", opens)])
+            scanned, summarised = await _reports(store)
+            assert _comparable(summarised) == _comparable(scanned)
+            assert summarised["tenants"]["acme"]["GPU"]["violations"]["age"] == overdue
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gateway.storage import Backend, Storage
+from gateway.storage.sqlite import SqliteOptions, SqliteWorker
 
 
 def _create(db: sqlite3.Connection) -> None:
@@ -66,5 +67,28 @@ def test_the_backend_is_chosen_once_from_the_redis_url(tmp_path: Path) -> None:
             redis.sqlite_worker()
         await redis.close()
         assert not (tmp_path / "b.sqlite3").exists()
+
+    asyncio.run(run())
+
+
+def test_a_read_only_worker_reads_committed_writes_and_refuses_its_own(tmp_path: Path) -> None:
+    """The ledger's audit reader: `query_only`, on its own thread, sees what the writer committed."""
+    path = tmp_path / "state.sqlite3"
+
+    async def run() -> None:
+        writer = await SqliteWorker.open(path)
+        reader = await SqliteWorker.open(path, SqliteOptions(read_only=True, cache_mib=8, mmap_mib=16,
+                                                             thread_name="kvgate-test-read"))
+        try:
+            await writer.run(_create)
+            await writer.transaction(_insert, [1, 2])
+            assert await reader.run(_count) == 2
+            assert (await reader.run(_thread_name)).startswith("kvgate-test-read")
+            with pytest.raises(sqlite3.OperationalError, match="readonly"):
+                await reader.transaction(_insert, [3])
+            assert await reader.run(_count) == 2  # the refused transaction left the reader usable
+        finally:
+            await reader.close()
+            await writer.close()
 
     asyncio.run(run())

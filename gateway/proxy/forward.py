@@ -11,7 +11,6 @@ import asyncio
 import re
 import time
 
-import aiohttp
 import msgspec
 
 from gateway.asgi.disconnect import DisconnectGuard
@@ -39,10 +38,17 @@ from gateway.proxy.rewrite import RewrittenRequest, parse_json_object, rewrite_r
 from gateway.proxy.rollout import choose_pool
 from gateway.proxy.shape import JsonLimits, check_json_shape, check_user_value
 from gateway.proxy.sse import StreamWatch, usage_from_json
-from gateway.proxy.upstream import open_first_reachable, upstream_errors, upstream_headers
+from gateway.proxy.upstream import (
+    UpstreamClient,
+    UpstreamResponse,
+    UpstreamTransportError,
+    open_first_reachable,
+    upstream_errors,
+    upstream_headers,
+)
 from gateway.routes import Kind, RouteSpec, StreamStyle
 
-STREAM_FAILURES = (aiohttp.ClientError, TimeoutError)
+STREAM_FAILURES = (UpstreamTransportError, TimeoutError)
 # Query strings travel upstream only in this conservative RFC 3986 form (no spaces, quotes or raw non-ASCII).
 FORWARDABLE_QUERY = re.compile(rb"[A-Za-z0-9._~%!$&'()*+,;=:@/?-]{0,2048}")
 IDENTITY = "identity"
@@ -51,10 +57,10 @@ DEFAULT_BODY_TIMEOUT_S = 60.0
 
 
 class Proxy:
-    def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, health: UpstreamHealth,
+    def __init__(self, client: UpstreamClient, salt_secret: bytes, health: UpstreamHealth,
                  features: Features, miss_path: MissPath | None = None,
                  json_limits: JsonLimits = DEFAULT_JSON_LIMITS, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
-        self.session = session
+        self.client = client
         self.salt_secret = salt_secret
         self.health = health
         self.features = features
@@ -133,7 +139,7 @@ class Proxy:
         ex.sent_at = time.perf_counter()
         ex.overhead_s = ex.sent_at - ex.started
         with upstream_errors(ex.pool):
-            ex.upstream, response = await open_first_reachable(self.session, self.health, outbound)
+            ex.upstream, response = await open_first_reachable(self.client, self.health, outbound)
         try:
             await self._relay_response(ex, call, response, send)
         except BaseException:
@@ -177,7 +183,7 @@ class Proxy:
             ex.overhead_s = ex.sent_at - ex.started
         try:
             with upstream_errors(ex.pool):
-                ex.upstream, response = await open_first_reachable(self.session, self.health, outbound)
+                ex.upstream, response = await open_first_reachable(self.client, self.health, outbound)
         except GatewayError as error:
             return Failure(_cause(error), error=error)
         try:
@@ -192,7 +198,7 @@ class Proxy:
         return failure
 
     async def _screen(
-        self, ex: Exchange, call: Call, response: aiohttp.ClientResponse, send: Send
+        self, ex: Exchange, call: Call, response: UpstreamResponse, send: Send
     ) -> Failure | None:
         """A failure before the first byte, or None once the answer has been relayed."""
         prepared = call.prepared
@@ -250,7 +256,7 @@ class Proxy:
     # -- relaying an answer -----------------------------------------------------------------------
 
     async def _relay_response(
-        self, ex: Exchange, call: Call, response: aiohttp.ClientResponse, send: Send,
+        self, ex: Exchange, call: Call, response: UpstreamResponse, send: Send,
         preread: list[bytes] | None = None,
     ) -> None:
         ex.status = response.status
@@ -266,7 +272,7 @@ class Proxy:
         else:
             await self._relay_stream(ex, route, prepared, response, send, preread or [])
 
-    def _headers(self, ex: Exchange, response: aiohttp.ClientResponse, received: float) -> list[tuple[bytes, bytes]]:
+    def _headers(self, ex: Exchange, response: UpstreamResponse, received: float) -> list[tuple[bytes, bytes]]:
         ex.overhead_s += time.perf_counter() - received
         content_type = response.headers.get("content-type", "application/json")
         headers = [
@@ -280,7 +286,7 @@ class Proxy:
             headers.append((b"content-encoding", encoding.encode("utf-8", "surrogateescape")))
         return headers
 
-    async def _relay_whole(self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send) -> None:
+    async def _relay_whole(self, ex: Exchange, route: RouteSpec, response: UpstreamResponse, send: Send) -> None:
         with upstream_errors(ex.pool):
             body = await response.read()
         received = time.perf_counter()
@@ -291,7 +297,7 @@ class Proxy:
         await send_body(send, response.status, body, self._headers(ex, response, received))
 
     async def _relay_stream(
-        self, ex: Exchange, route: RouteSpec, prepared: RewrittenRequest, response: aiohttp.ClientResponse,
+        self, ex: Exchange, route: RouteSpec, prepared: RewrittenRequest, response: UpstreamResponse,
         send: Send, preread: list[bytes],
     ) -> None:
         await send(start_message(200, self._headers(ex, response, time.perf_counter())))
@@ -299,7 +305,7 @@ class Proxy:
         try:
             for chunk in preread:  # held back by the miss path until the stream showed content
                 await self._pass_chunk(ex, watch, chunk, send)
-            async for chunk in response.content.iter_any():
+            while chunk := await response.next_chunk():  # everything that arrived since the last wake-up
                 forward, first = watch.feed(chunk)
                 if first:
                     ex.ttft_s = time.perf_counter() - ex.started
@@ -324,7 +330,7 @@ class Proxy:
             ex.capture += chunk
 
     async def _relay_assembled(
-        self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send, preread: list[bytes]
+        self, ex: Exchange, route: RouteSpec, response: UpstreamResponse, send: Send, preread: list[bytes]
     ) -> None:
         watch = StreamWatch(strip_usage=False)
         assembler = StreamAssembler(chat=route.chat)
@@ -335,7 +341,7 @@ class Proxy:
             if ex.capture is not None:
                 ex.capture += chunk
         with upstream_errors(ex.pool):
-            async for chunk in response.content.iter_any():
+            while chunk := await response.next_chunk():
                 if watch.feed(chunk)[1]:
                     ex.ttft_s = time.perf_counter() - ex.started
                 assembler.feed(chunk)
@@ -349,12 +355,12 @@ class Proxy:
         await send_body(send, status, msgspec.json.encode(body), headers)
 
 
-def content_encoding(response: aiohttp.ClientResponse) -> str:
+def content_encoding(response: UpstreamResponse) -> str:
     return response.headers.get("content-encoding", IDENTITY).strip().lower() or IDENTITY
 
 
 def _cause(error: GatewayError) -> str:
-    """The underlying failure's name (ClientConnectorError, ServerDisconnectedError, TimeoutError, ...)."""
+    """The underlying failure's name (UpstreamConnectError, UpstreamReadTimeout, ...)."""
     return type(error.__cause__).__name__ if error.__cause__ is not None else type(error).__name__
 
 

@@ -287,6 +287,10 @@ class UpstreamConnection(asyncio.Protocol):
     def is_open(self) -> bool:
         return self.transport is not None and not self.transport.is_closing()
 
+    @property
+    def reading_paused(self) -> bool:
+        return self._paused
+
 
 # -- a response in progress -------------------------------------------------------------------------------
 
@@ -305,6 +309,11 @@ class UpstreamResponse:
     async def next_chunk(self) -> bytes:
         assert self._connection is not None
         return await self._connection.next_chunk()
+
+    @property
+    def reading_paused(self) -> bool:
+        """Whether the body buffered so far made the connection stop reading from the upstream."""
+        return self._connection is not None and self._connection.reading_paused
 
     async def read(self) -> bytes:
         parts = []

@@ -10,7 +10,7 @@ tokenizer sees English words):
   client, its shape check, the rewrite and the bytes sent upstream — reported as peak bytes allocated over the
   body size. (A served gateway's RSS high-water mark cannot be split per request; this is the focused figure.)
 
-    .venv/bin/python -m loadtests.prompt_size --out /tmp/prompt-size.json [--requests 40]
+    .venv/bin/python -m loadtests.prompt_size --out /tmp/prompt-size.json [--requests 60]
 """
 
 from __future__ import annotations
@@ -150,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtests.prompt_size", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--requests", type=int, default=40, help="measured requests per size and route")
+    parser.add_argument("--requests", type=int, default=60,
+                        help="measured requests per size and route (CPU is read in 10 ms ticks: more is finer)")
     parser.add_argument("--proxy-core", type=int, default=1)
     parser.add_argument("--bench-core", type=int, default=0)
     args = parser.parse_args(argv)

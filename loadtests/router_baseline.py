@@ -32,8 +32,9 @@ def router_binary(explicit: str | None = None) -> str | None:
     return shutil.which("vllm-router")
 
 
-def router_argv(binary: str, port: int, upstream_url: str) -> list[str]:
+def router_argv(binary: str, port: int, metrics_port: int, upstream_url: str) -> list[str]:
     return [binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", upstream_url,
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),  # its default port may be taken
             "--policy", "round_robin", "--disable-retries", "--disable-circuit-breaker", "--log-level", "info",
             "--health-check-interval-secs", "3600"]
 
@@ -43,6 +44,6 @@ def run_router(binary: str, work: Path, upstream_url: str) -> Iterator[ServerPro
     """The router until the block exits; stopped by its PID."""
     work.mkdir(parents=True)
     port = free_port()
-    with run_server(router_argv(binary, port, upstream_url), port, work / "router.log", ready_path="/health",
-                    env={"RUST_LOG": "warn"}) as server:
+    argv = router_argv(binary, port, free_port(), upstream_url)
+    with run_server(argv, port, work / "router.log", ready_path="/health", env={"RUST_LOG": "warn"}) as server:
         yield server

@@ -18,7 +18,7 @@ from gateway.asgi.io import (
     JSON_TYPE,
     Receive,
     Scope,
-    Send,
+    chunk_writer,
     header,
     read_body,
     send_body,
@@ -74,7 +74,7 @@ class Proxy:
             call, outbound = await self._outbound(ex, admitted, inbound, finishes)
             finishes += self.features.sent(call, outbound, ex)
             async with DisconnectGuard(inbound.receive) as guard:
-                await self._relay(ex, call, outbound, inbound.send)
+                await self._relay(ex, call, outbound, inbound)
             if guard.disconnected:
                 ex.outcome = Outcome.CLIENT_DISCONNECTED
                 ex.status = ex.status or 499
@@ -132,16 +132,16 @@ class Proxy:
         user = header_user.decode("latin-1") if header_user else None
         return rewrite_request(body, route, tenant, self.salt_secret, user)
 
-    async def _relay(self, ex: Exchange, call: Call, outbound: Outbound, send: Send) -> None:
+    async def _relay(self, ex: Exchange, call: Call, outbound: Outbound, client: Inbound) -> None:
         if self.miss_path is not None and self.miss_path.applies(call):
-            await self._relay_with_miss_path(ex, call, outbound, self.miss_path, send)
+            await self._relay_with_miss_path(ex, call, outbound, self.miss_path, client)
             return
         ex.sent_at = time.perf_counter()
         ex.overhead_s = ex.sent_at - ex.started
         with upstream_errors(ex.pool):
             ex.upstream, response = await open_first_reachable(self.client, self.health, outbound)
         try:
-            await self._relay_response(ex, call, response, send)
+            await self._relay_response(ex, call, response, client)
         except BaseException:
             response.close()
             raise
@@ -150,9 +150,9 @@ class Proxy:
     # -- the miss path (gateway/proxy/misspath.py) ------------------------------------------------
 
     async def _relay_with_miss_path(
-        self, ex: Exchange, call: Call, outbound: Outbound, miss: MissPath, send: Send
+        self, ex: Exchange, call: Call, outbound: Outbound, miss: MissPath, client: Inbound
     ) -> None:
-        failure = await self._attempt(ex, call, outbound, send, first=True)
+        failure = await self._attempt(ex, call, outbound, client, first=True)
         if failure is None:
             return
         trail: list[dict[str, str]] = [{"pool": ex.pool, "failure": failure.cause}]
@@ -165,17 +165,17 @@ class Proxy:
             candidates = self.health.candidates(pool.upstreams, prepared.affinity)
             retry, action = await miss.retry_outbound(call, outbound, candidates, pool_name,
                                                       f"{ex.request_id}-retry{number}")
-            next_failure = await self._attempt(ex, call, retry, send)
+            next_failure = await self._attempt(ex, call, retry, client)
             miss.count(call, pool_name, action, next_failure is None)
             entry = {"pool": pool_name, "action": action, "result": "ok" if next_failure is None else "failed"}
             trail.append(entry if next_failure is None else {**entry, "failure": next_failure.cause})
             if next_failure is None:
                 return
             failure = next_failure
-        await self._deliver_failure(ex, call, failure, send)
+        await self._deliver_failure(ex, call, failure, client)
 
     async def _attempt(
-        self, ex: Exchange, call: Call, outbound: Outbound, send: Send, first: bool = False
+        self, ex: Exchange, call: Call, outbound: Outbound, client: Inbound, first: bool = False
     ) -> Failure | None:
         """Send once; relay the answer unless it failed before its first byte (then say how)."""
         ex.sent_at = time.perf_counter()
@@ -187,7 +187,7 @@ class Proxy:
         except GatewayError as error:
             return Failure(_cause(error), error=error)
         try:
-            failure = await self._screen(ex, call, response, send)
+            failure = await self._screen(ex, call, response, client)
         except BaseException:
             response.close()
             raise
@@ -198,7 +198,7 @@ class Proxy:
         return failure
 
     async def _screen(
-        self, ex: Exchange, call: Call, response: UpstreamResponse, send: Send
+        self, ex: Exchange, call: Call, response: UpstreamResponse, client: Inbound
     ) -> Failure | None:
         """A failure before the first byte, or None once the answer has been relayed."""
         prepared = call.prepared
@@ -223,14 +223,14 @@ class Proxy:
             preread = peeked.chunks
         whole_before_sending = not prepared.upstream_stream or prepared.assemble
         try:
-            await self._relay_response(ex, call, response, send, preread)
+            await self._relay_response(ex, call, response, client, preread)
         except GatewayError as error:
             if not whole_before_sending:
                 raise
             return Failure(_cause(error), error=error)  # nothing was sent: the body is read before replying
         return None
 
-    async def _deliver_failure(self, ex: Exchange, call: Call, failure: Failure, send: Send) -> None:
+    async def _deliver_failure(self, ex: Exchange, call: Call, failure: Failure, client: Inbound) -> None:
         """Every attempt failed: the client gets the last failure as it would have without the miss path."""
         if failure.error is not None:
             raise failure.error
@@ -239,7 +239,7 @@ class Proxy:
         headers = [(b"x-request-id", ex.request_id.encode()), (b"x-kvgate-pool", ex.pool.encode())]
         if not failure.chunks:
             ex.status = failure.status
-            await send_body(send, failure.status, failure.body,
+            await send_body(client.send, failure.status, failure.body,
                             [(b"content-type", failure.content_type.encode("latin-1")), *headers])
             return
         if prepared is not None and prepared.assemble:
@@ -247,16 +247,16 @@ class Proxy:
             for chunk in failure.chunks:
                 assembler.feed(chunk)
             ex.status, body = assembler.result()
-            await send_body(send, ex.status, msgspec.json.encode(body), [(b"content-type", JSON_TYPE), *headers])
+            await send_body(client.send, ex.status, msgspec.json.encode(body), [(b"content-type", JSON_TYPE), *headers])
             return
         ex.status = 200
-        await send(start_message(200, [(b"content-type", failure.content_type.encode("latin-1")), *headers]))
-        await send({"type": "http.response.body", "body": b"".join(failure.chunks), "more_body": False})
+        await client.send(start_message(200, [(b"content-type", failure.content_type.encode("latin-1")), *headers]))
+        await client.send({"type": "http.response.body", "body": b"".join(failure.chunks), "more_body": False})
 
     # -- relaying an answer -----------------------------------------------------------------------
 
     async def _relay_response(
-        self, ex: Exchange, call: Call, response: UpstreamResponse, send: Send,
+        self, ex: Exchange, call: Call, response: UpstreamResponse, client: Inbound,
         preread: list[bytes] | None = None,
     ) -> None:
         ex.status = response.status
@@ -264,13 +264,13 @@ class Proxy:
         if content_encoding(response) != IDENTITY:
             # Upstream ignored `Accept-Encoding: identity`; relay the bytes as they are, labelled (no scanning).
             ex.content_encoding = content_encoding(response)
-            await self._relay_whole(ex, route, response, send)
+            await self._relay_whole(ex, route, response, client)
         elif response.status != 200 or prepared is None or not prepared.upstream_stream:
-            await self._relay_whole(ex, route, response, send)
+            await self._relay_whole(ex, route, response, client)
         elif prepared.assemble:
-            await self._relay_assembled(ex, route, response, send, preread or [])
+            await self._relay_assembled(ex, route, response, client, preread or [])
         else:
-            await self._relay_stream(ex, route, prepared, response, send, preread or [])
+            await self._relay_stream(ex, route, prepared, response, client, preread or [])
 
     def _headers(self, ex: Exchange, response: UpstreamResponse, received: float) -> list[tuple[bytes, bytes]]:
         ex.overhead_s += time.perf_counter() - received
@@ -286,7 +286,7 @@ class Proxy:
             headers.append((b"content-encoding", encoding.encode("utf-8", "surrogateescape")))
         return headers
 
-    async def _relay_whole(self, ex: Exchange, route: RouteSpec, response: UpstreamResponse, send: Send) -> None:
+    async def _relay_whole(self, ex: Exchange, route: RouteSpec, response: UpstreamResponse, client: Inbound) -> None:
         with upstream_errors(ex.pool):
             body = await response.read()
         received = time.perf_counter()
@@ -294,23 +294,30 @@ class Proxy:
             ex.capture += body
         if response.status == 200 and route.kind is Kind.GENERATE and content_encoding(response) == IDENTITY:
             ex.usage = usage_from_json(body)
-        await send_body(send, response.status, body, self._headers(ex, response, received))
+        await send_body(client.send, response.status, body, self._headers(ex, response, received))
 
     async def _relay_stream(
         self, ex: Exchange, route: RouteSpec, prepared: RewrittenRequest, response: UpstreamResponse,
-        send: Send, preread: list[bytes],
+        client: Inbound, preread: list[bytes],
     ) -> None:
-        await send(start_message(200, self._headers(ex, response, time.perf_counter())))
+        await client.send(start_message(200, self._headers(ex, response, time.perf_counter())))
         watch = StreamWatch(prepared.strip_usage)
+        writer = chunk_writer(client.scope)
         try:
             for chunk in preread:  # held back by the miss path until the stream showed content
-                await self._pass_chunk(ex, watch, chunk, send)
+                await self._pass_chunk(ex, watch, chunk, client)
             while chunk := await response.next_chunk():  # everything that arrived since the last wake-up
                 forward, first = watch.feed(chunk)
                 if first:
                     ex.ttft_s = time.perf_counter() - ex.started
-                if forward:
-                    await send({"type": "http.response.body", "body": forward, "more_body": True})
+                if not forward:
+                    pass
+                elif writer is None:
+                    await client.send({"type": "http.response.body", "body": forward, "more_body": True})
+                elif not writer.write(forward):
+                    break  # the client has gone: the disconnect guard cancels this relay
+                elif writer.must_drain:
+                    await writer.drain()
                 if ex.capture is not None:
                     ex.capture += chunk
             tail = watch.flush()
@@ -318,19 +325,19 @@ class Proxy:
             ex.outcome = Outcome.UPSTREAM_FAILED_MID_STREAM
             tail = stream_error_event(route, f"Upstream stream failed: {type(error).__name__}.")
         ex.usage = watch.usage
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        await client.send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    async def _pass_chunk(self, ex: Exchange, watch: StreamWatch, chunk: bytes, send: Send) -> None:
+    async def _pass_chunk(self, ex: Exchange, watch: StreamWatch, chunk: bytes, client: Inbound) -> None:
         forward, first = watch.feed(chunk)
         if first:
             ex.ttft_s = time.perf_counter() - ex.started
         if forward:
-            await send({"type": "http.response.body", "body": forward, "more_body": True})
+            await client.send({"type": "http.response.body", "body": forward, "more_body": True})
         if ex.capture is not None:
             ex.capture += chunk
 
     async def _relay_assembled(
-        self, ex: Exchange, route: RouteSpec, response: UpstreamResponse, send: Send, preread: list[bytes]
+        self, ex: Exchange, route: RouteSpec, response: UpstreamResponse, client: Inbound, preread: list[bytes]
     ) -> None:
         watch = StreamWatch(strip_usage=False)
         assembler = StreamAssembler(chat=route.chat)
@@ -352,7 +359,7 @@ class Proxy:
         status, body = assembler.result()
         ex.status = status
         headers = [(b"content-type", JSON_TYPE), *self._headers(ex, response, received)[1:]]
-        await send_body(send, status, msgspec.json.encode(body), headers)
+        await send_body(client.send, status, msgspec.json.encode(body), headers)
 
 
 def content_encoding(response: UpstreamResponse) -> str:

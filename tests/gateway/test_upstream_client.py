@@ -12,12 +12,14 @@ from gateway.proxy.balance import UpstreamHealth
 from gateway.proxy.features import Outbound
 from gateway.proxy.upstream import (
     PAUSE_AT_BYTES,
+    Slots,
     UpstreamClient,
     UpstreamConnectError,
     UpstreamReadTimeout,
     UpstreamTransportError,
     open_first_reachable,
 )
+from gateway.tasks import TaskSupervisor
 from tests.gateway.test_shadow_client import ScriptedServer, answer_ok, serve
 
 JSON = {"content-type": "application/json"}
@@ -173,3 +175,32 @@ def test_a_refused_connection_marks_the_upstream_down_and_the_next_candidate_ans
         client.close()
 
     asyncio.run(serve(answer_ok, calls))
+
+
+def test_slots_bound_holders_serve_waiters_in_order_and_pass_on_a_cancelled_waiters_slot() -> None:
+    async def run() -> None:
+        slots = Slots(1)
+        await slots.acquire()
+        order: list[str] = []
+
+        async def take(name: str) -> None:
+            await slots.acquire()
+            order.append(name)
+
+        tasks = TaskSupervisor("slots-test")
+        first = tasks.spawn(take("first"), "first")
+        cancelled = tasks.spawn(take("cancelled"), "cancelled")
+        last = tasks.spawn(take("last"), "last")
+        await asyncio.sleep(0)  # each task ran up to its wait (no timing: one loop turn starts them all)
+        assert order == [] and slots.used == 1
+        cancelled.cancel()
+        slots.release()  # to "first"
+        await first
+        slots.release()  # "cancelled" is gone: to "last"
+        await last
+        assert order == ["first", "last"] and slots.used == 1
+        slots.release()
+        assert slots.used == 0
+        await tasks.close()
+
+    asyncio.run(run())

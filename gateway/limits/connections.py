@@ -9,9 +9,6 @@ keeps any number of connections open. This protocol subclass adds, per connectio
 * an idle deadline while no request is in progress (fresh connections and kept-alive ones are closed);
 * a cap on open connections (503 and close for the connection over the cap).
 
-It also offers the relay a direct writer for the chunks of a streamed response (`CHUNK_WRITER` in the request's
-ASGI extensions), which frames each chunk as uvicorn's own `send` would, without one ASGI message per chunk.
-
 Every close it makes is counted in `kvgate_connections_closed_total{reason}`. The subclass relies on
 uvicorn's HttpToolsProtocol attributes (`cycle`, `parser`, `timeout_keep_alive_task`, ...), so uvicorn is
 pinned to a minor range in pyproject.toml and tests/gateway/test_connection_limits.py covers each behaviour.
@@ -27,9 +24,8 @@ from typing import Any
 
 import httptools
 from prometheus_client import Counter
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.asgi.io import CHUNK_WRITER
 from gateway.errors import openai_error_body
 
 HEADER_OVERHEAD = 4  # ": " and CRLF around each header line
@@ -54,35 +50,6 @@ def refusal_bytes(status: int, message: str, code: str) -> bytes:
     head = (f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
     return head.encode() + body
-
-
-class CycleChunkWriter:
-    """Writes a started, chunked response's body chunks straight to the transport of uvicorn's request cycle."""
-
-    __slots__ = ("_cycle",)
-
-    def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = cycle
-
-    def usable(self) -> bool:
-        cycle = self._cycle
-        return cycle.response_started and bool(cycle.chunked_encoding) and not cycle.response_complete \
-            and cycle.scope["method"] != "HEAD"
-
-    def write(self, body: bytes) -> bool:
-        cycle = self._cycle
-        if cycle.disconnected:
-            return False
-        if body and not cycle.response_complete:
-            cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
-        return True
-
-    @property
-    def must_drain(self) -> bool:
-        return self._cycle.flow.write_paused and not self._cycle.disconnected
-
-    async def drain(self) -> None:
-        await self._cycle.flow.drain()
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -151,9 +118,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._cancel_head_timer()
         super().on_headers_complete()
-        # The request's task was created above but has not run yet: the extension is in place before the app.
-        extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
-        extensions[CHUNK_WRITER] = CycleChunkWriter(self.cycle)
 
     def _grow_head(self, size: int) -> None:
         self._head_size += size

@@ -19,7 +19,6 @@ from gateway.asgi.io import (
     JSON_TYPE,
     Receive,
     Scope,
-    chunk_writer,
     header,
     read_body,
     send_body,
@@ -312,7 +311,6 @@ class Proxy:
         ex, send = relaying.ex, relaying.client.send
         await send(start_message(200, self._headers(ex, response, time.perf_counter())))
         watch = StreamWatch(prepared.strip_usage)
-        writer = chunk_writer(relaying.client.scope)
         try:
             for chunk in preread:  # held back by the miss path until the stream showed content
                 await self._pass_chunk(relaying, watch, chunk)
@@ -320,14 +318,8 @@ class Proxy:
                 forward, first = watch.feed(chunk)
                 if first:
                     ex.ttft_s = time.perf_counter() - ex.started
-                if not forward:
-                    pass
-                elif writer is None:
+                if forward:
                     await send({"type": "http.response.body", "body": forward, "more_body": True})
-                elif not writer.write(forward):
-                    break  # the client has gone: the disconnect guard cancels this relay
-                elif writer.must_drain:
-                    await writer.drain()
                 if ex.capture is not None:
                     ex.capture += chunk
             tail = watch.flush()

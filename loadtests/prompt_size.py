@@ -6,9 +6,11 @@ tokenizer sees English words):
 * **Served.** One `kvgate serve` (every feature on, info logging) in front of the fast upstream, requests sent one
   at a time (streaming, as clients do). Per size: the gateway's own `x-kvgate-overhead-ms` header (arrival to the
   request leaving for upstream; p50/p90) and the gateway process's CPU per request (/proc, whole request).
-* **Memory, in process.** tracemalloc around the body path of one request — the body as it is read from the
-  client, its shape check, the rewrite and the bytes sent upstream — reported as peak bytes allocated over the
-  body size. (A served gateway's RSS high-water mark cannot be split per request; this is the focused figure.)
+* **Memory, in process.** tracemalloc around the body path of one request as the proxy runs it — the body
+  joined from the client's chunks, its shape check, the rewrite, the client's bytes dropped, the bytes sent
+  upstream encoded — reported as peak bytes allocated over the body size (the chunks themselves, which exist
+  before the path begins, are not counted). A served gateway's RSS high-water mark cannot be split per
+  request, so this focused figure stands for it.
 
     .venv/bin/python -m loadtests.prompt_size --out /tmp/prompt-size.json [--requests 60]
 """
@@ -82,9 +84,10 @@ def body_path_peak(route: str, body: bytes) -> int:
     chunks = [body[start:start + 65536] for start in range(0, len(body), 65536)]  # as uvicorn hands them over
     tracemalloc.start()
     try:
-        joined = b"".join(chunks)
+        joined = b"".join(chunks)  # as read_body does; the proxy then drops these bytes before encoding
         check_json_shape(joined, DEFAULT_JSON_LIMITS)
         prepared = rewrite_request(joined, spec, tenant, SECRET, None)
+        del joined
         sent = prepared.body
         assert sent
         return tracemalloc.get_traced_memory()[1]

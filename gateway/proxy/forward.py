@@ -97,6 +97,8 @@ class Proxy:
         policies, tenant, route, scope = admitted.policies, admitted.tenant, admitted.route, inbound.scope
         body = await self._body(scope, inbound.receive, route, policies)
         prepared = self._prepare(body, route, tenant, scope)
+        if prepared is not None:
+            body = b""  # the decoded request replaces the client's bytes: free them before the re-encode
         ex.model = prepared.model if prepared is not None else None
         ex.dropped_fields = prepared.dropped_fields if prepared is not None else ()
         ex.pool = choose_pool(policies, tenant, prepared.user if prepared else None, ex.request_id)

@@ -96,12 +96,21 @@ class Origin:
     host_header: str
 
 
-def parse_origin(base_url: str) -> Origin:
+@dataclass(frozen=True)
+class BaseUrl:
+    """A pool's upstream URL: where to connect, and the path its routes hang under (often empty)."""
+
+    origin: Origin
+    path: str
+
+
+def parse_base_url(base_url: str) -> BaseUrl:
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or parts.hostname is None:
         raise UpstreamConnectError(f"unsupported upstream URL {parts.scheme!r}")
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    return Origin(parts.scheme, parts.hostname, port, parts.netloc)
+    host_header = parts.netloc.rpartition("@")[2]  # never credentials in the Host header
+    return BaseUrl(Origin(parts.scheme, parts.hostname, port, host_header), parts.path.rstrip("/"))
 
 
 def encode_head(method: str, origin: Origin, target: str, headers: dict[str, str], body: bytes | None) -> bytes:
@@ -382,14 +391,15 @@ class UpstreamClient:
         self.max_idle_per_origin = connections
         self._slots = Slots(connections)
         self._idle: dict[Origin, list[UpstreamConnection]] = {}
-        self._origins: dict[str, Origin] = {}
+        self._bases: dict[str, BaseUrl] = {}
         self._tls = tls
 
     async def open(self, method: str, base_url: str, target: str, headers: dict[str, str],
                    body: bytes | None) -> UpstreamResponse:
         """Send one request and wait for the head of its answer."""
-        origin = self._origin(base_url)
-        head = encode_head(method, origin, target, headers, body)
+        base = self._base(base_url)
+        origin = base.origin
+        head = encode_head(method, origin, base.path + target, headers, body)
         await self._slots.acquire()
         try:
             idle = self._take_idle(origin)
@@ -423,13 +433,13 @@ class UpstreamClient:
         else:
             connection.close()
 
-    def _origin(self, base_url: str) -> Origin:
-        origin = self._origins.get(base_url)
-        if origin is None:
-            if len(self._origins) >= MAX_TARGETS_CACHED:
-                self._origins.clear()
-            origin = self._origins[base_url] = parse_origin(base_url)
-        return origin
+    def _base(self, base_url: str) -> BaseUrl:
+        base = self._bases.get(base_url)
+        if base is None:
+            if len(self._bases) >= MAX_TARGETS_CACHED:
+                self._bases.clear()
+            base = self._bases[base_url] = parse_base_url(base_url)
+        return base
 
     def _take_idle(self, origin: Origin) -> UpstreamConnection | None:
         idle = self._idle.get(origin)

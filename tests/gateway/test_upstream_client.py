@@ -56,6 +56,20 @@ def test_keeps_connections_alive_and_sends_the_request_intact() -> None:
     asyncio.run(serve(answer_ok, calls))
 
 
+def test_a_base_url_with_a_path_keeps_it_and_credentials_never_reach_the_host_header() -> None:
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = new_client()
+        with_path = base(url).replace("http://", "http://user:secret@") + "/prefix"
+        response = await client.open("POST", with_path, PATH, JSON, b"{}")
+        assert await response.read() == b"{}"
+        response.release()
+        client.close()
+        assert server.requests[0].startswith(b"POST /prefix/v1/completions HTTP/1.1\r\n")
+        assert b"secret" not in server.requests[0]
+
+    asyncio.run(serve(answer_ok, calls))
+
+
 def test_an_idle_connection_the_upstream_dropped_is_replaced_without_failing() -> None:
     async def drop_second_request(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
         if connection == 0 and index == 1:

@@ -160,6 +160,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
 
     def data_received(self, data: bytes) -> None:
+        if self.complete:  # nothing is being asked: an idle connection that speaks is not safe to reuse
+            self._fail(UpstreamTransportError("unsolicited data on an idle connection"))
+            return
         self.answered = True
         self._last_read = self.loop.time()
         try:

@@ -1,13 +1,16 @@
-"""Proxy-overhead benchmark: kvgate (and nginx, where installed) against a direct connection to a fast upstream.
+"""Proxy-overhead benchmark: kvgate, nginx and the Rust vLLM Router (each where installed) against a direct
+connection to a fast upstream, in one run.
 
-Layout (as for the reference figures in docs/proxy-costs.md): the fast upstream (loadtests.fast_upstream) and this
-process, the load generator, share the bench core; one gateway worker (`kvgate serve`), and nginx with one worker as
-a reference, run on the proxy core. Loopback only. For each concurrency, a phase per target (direct, gateway, nginx;
+Layout (as for the reference figures in docs/proxy-costs.md): the fast upstream (loadtests.fast_upstream) runs on
+the upstream cores and this process, the load generator, on the client cores (by default both on the bench core);
+one gateway worker (`kvgate serve`), nginx with one worker and vllm-router run on the proxy core, one at a time
+busy. Loopback only. For each concurrency, a phase per target (direct, gateway, nginx;
 order rotating) runs a warm-up, then a fixed measurement window. Reported per concurrency and target: client TTFT
 p50/p99, the TTFT added against direct, throughput and its ratio to direct, and the proxy's CPU per request
 (/proc/<pid>/stat); plus each proxy's idle RSS. With several rounds, figures are medians.
 
     .venv/bin/python -m loadtests.proxy_overhead --out /tmp/proxy-overhead.json
+    .venv/bin/python -m loadtests.proxy_overhead --proxy-core 2 --upstream-cores 4-7 --client-cores 8-15 --out DIR
 """
 
 from __future__ import annotations
@@ -48,9 +51,11 @@ from loadtests.overhead_report import (
     without_nan,
 )
 from loadtests.overhead_report import noise_warnings as find_noise
+from loadtests.router_baseline import router_binary, run_router
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NGINX = "nginx"
+ROUTER = "router"  # the Rust vllm-router
 MIB = 1024 * 1024
 IDLE_SETTLE_S = 1.0
 QUIET_PROBE_S = 1.0
@@ -74,7 +79,11 @@ class Config:
     client_usage: bool
     proxy_core: int
     bench_core: int
+    upstream_cores: frozenset[int]
+    client_cores: frozenset[int]
     nginx: bool
+    router: bool
+    router_binary: str | None
     noisy_retries: int
     quiet_wait_s: float
     log_level: str
@@ -94,6 +103,9 @@ class Snapshot:
     bench_cpu_s: float  # upstream + load generator
     core_busy_s: dict[int, float]
     gateway_log_bytes: int  # size of the gateway's log: its request lines in a window lie between two sizes
+
+    def group_busy_s(self, cores: frozenset[int]) -> float:
+        return sum(self.core_busy_s.get(core, 0.0) for core in cores)
 
 
 @dataclass(frozen=True)
@@ -144,9 +156,15 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--token-ms", type=float, default=2.0)
     parser.add_argument("--no-client-usage", dest="client_usage", action="store_false",
                         help="clients do not ask for usage (the gateway then asks and strips the usage event)")
-    parser.add_argument("--proxy-core", type=int, default=1, help="core of the gateway (and nginx)")
+    parser.add_argument("--proxy-core", type=int, default=1, help="core of the gateway (and nginx, vllm-router)")
     parser.add_argument("--bench-core", type=int, default=0, help="core of the upstream and load generator")
+    parser.add_argument("--upstream-cores", type=core_set, help="cores of the fast upstream, e.g. 4-7 (default: "
+                        "the bench core)")
+    parser.add_argument("--client-cores", type=core_set, help="cores of the load generator, e.g. 8-15 (default: "
+                        "the bench core)")
     parser.add_argument("--no-nginx", dest="nginx", action="store_false", help="skip the nginx reference")
+    parser.add_argument("--no-router", dest="router", action="store_false", help="skip the vllm-router reference")
+    parser.add_argument("--router-binary", help="the vllm-router executable (default: .venv-bench/bin, then PATH)")
     parser.add_argument("--noisy-retries", type=int, default=2,
                         help="run a phase again, at most this often, while another workload shares the cores")
     parser.add_argument("--quiet-wait", type=float, default=30.0,
@@ -161,18 +179,35 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     return Config(
         out=args.out, concurrency=tuple(args.concurrency), duration_s=args.duration, warmup_s=args.warmup,
         rounds=args.rounds, route=args.route, tokens=args.tokens, ttft_ms=args.ttft_ms, token_ms=args.token_ms,
-        client_usage=args.client_usage, proxy_core=args.proxy_core, bench_core=args.bench_core, nginx=args.nginx,
+        client_usage=args.client_usage, proxy_core=args.proxy_core, bench_core=args.bench_core,
+        upstream_cores=args.upstream_cores or frozenset({args.bench_core}),
+        client_cores=args.client_cores or frozenset({args.bench_core}), nginx=args.nginx, router=args.router,
+        router_binary=args.router_binary,
         noisy_retries=args.noisy_retries, quiet_wait_s=args.quiet_wait, log_level=args.log_level,
         profile_out=args.profile_out, profile_concurrency=args.profile_concurrency,
         profile_native=args.profile_native, shadow_sample=args.shadow_sample,
     )
 
 
+def core_set(text: str) -> frozenset[int]:
+    """`4-7`, `8,9,10` or `3`: a set of CPU numbers."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return frozenset(cores)
+
+
+def bench_cores(config: Config) -> frozenset[int]:
+    return config.upstream_cores | config.client_cores
+
+
 def check_cores(config: Config) -> None:
     available = procstat.process_affinity(0)
-    wanted = {config.proxy_core, config.bench_core}
-    if len(wanted) != 2 or not wanted <= available:
-        raise SystemExit(f"need two distinct cores out of {sorted(available)}, got {sorted(wanted)}")
+    wanted = bench_cores(config) | {config.proxy_core, config.bench_core}
+    if config.proxy_core in bench_cores(config) or config.proxy_core == config.bench_core or not wanted <= available:
+        raise SystemExit(f"need a proxy core apart from the bench cores, all out of {sorted(available)}; got proxy "
+                         f"{config.proxy_core}, bench {sorted(bench_cores(config))}")
 
 
 def write_policies(root: Path, upstream_url: str, shadow_sample: float) -> str:
@@ -244,9 +279,19 @@ def servers(config: Config, work: Path) -> Iterator[tuple[ServerProcess, dict[st
         binary = nginx_binary() if config.nginx else None
         if binary is not None:
             proxies[NGINX] = stack.enter_context(run_nginx(binary, work / "nginx", upstream.url))
+        elif config.nginx:
+            print("note: no nginx binary on PATH: the nginx reference is skipped", file=sys.stderr)
+        router = router_binary(config.router_binary) if config.router else None
+        if router is not None:
+            proxies[ROUTER] = stack.enter_context(run_router(router, work / "router", upstream.url))
+        elif config.router:
+            print("note: no vllm-router (python3 -m venv .venv-bench && .venv-bench/bin/pip install "
+                  "vllm-router==0.1.17): the vllm-router reference is skipped", file=sys.stderr)
         for proxy in proxies.values():
             for pid in procstat.process_tree(proxy.popen.pid):
                 procstat.pin_process(pid, {config.proxy_core})
+        for pid in procstat.process_tree(upstream.popen.pid):
+            procstat.pin_process(pid, config.upstream_cores)
         yield upstream, proxies, key
 
 
@@ -272,16 +317,17 @@ async def measure_phase(
     used = {name: (after.proxies[name][0] - cpu, after.proxies[name][1] - system)
             for name, (cpu, system) in before.proxies.items()}
     proxy_cpu, proxy_system = used.get(target.name, (math.nan, math.nan))
-    cores = {core: (after.core_busy_s[core] - busy) / window for core, busy in before.core_busy_s.items()}
-    own = {config.proxy_core: sum(cpu for cpu, _ in used.values()) / window,
-           config.bench_core: (after.bench_cpu_s - before.bench_cpu_s) / window}
+    groups = core_groups(config)
+    cores = {name: (after.group_busy_s(group) - before.group_busy_s(group)) / window for name, group in groups.items()}
+    own = dict(zip(groups, (sum(cpu for cpu, _ in used.values()) / window,
+                            (after.bench_cpu_s - before.bench_cpu_s) / window), strict=True))
     inside = gateway_side(processes.gateway_log, before.gateway_log_bytes, after.gateway_log_bytes)
     return Measurement(
         target=target.name, concurrency=concurrency, round=round_index, stats=stats,
         gateway_side=inside if target.name == GATEWAY else {},
         proxy_cpu_ms_per_request=proxy_cpu * 1000 / stats.completed if stats.completed else math.nan,
         proxy_system_share=proxy_system / proxy_cpu if proxy_cpu else math.nan,
-        proxy_core_busy=proxy_cpu / window, bench_processes_busy=own[config.bench_core], core_busy=cores,
+        proxy_core_busy=proxy_cpu / window, bench_processes_busy=own[BENCH_GROUP], core_busy=cores,
         foreign_busy={core: cores[core] - busy for core, busy in own.items()}, requests_in_phase=len(run.samples),
     )
 
@@ -308,9 +354,11 @@ async def wait_for_quiet(config: Config, processes: Processes) -> None:
         before, started = processes.snapshot(), time.monotonic()
         await asyncio.sleep(QUIET_PROBE_S)
         after, elapsed = processes.snapshot(), time.monotonic() - started
-        ours = {config.proxy_core: sum(after.proxies[name][0] - cpu for name, (cpu, _) in before.proxies.items()),
-                config.bench_core: after.bench_cpu_s - before.bench_cpu_s}
-        foreign = [(after.core_busy_s[core] - before.core_busy_s[core] - own) / elapsed for core, own in ours.items()]
+        groups = core_groups(config)
+        ours = dict(zip(groups, (sum(after.proxies[name][0] - cpu for name, (cpu, _) in before.proxies.items()),
+                                 after.bench_cpu_s - before.bench_cpu_s), strict=True))
+        foreign = [(after.group_busy_s(groups[name]) - before.group_busy_s(groups[name]) - own) / elapsed
+                   for name, own in ours.items()]
         if max(foreign) <= FOREIGN_LOAD_WARNING:
             return
 
@@ -357,9 +405,18 @@ def progress_line(measured: Measurement) -> str:
 # -- main ---------------------------------------------------------------------------------------------
 
 
+PROXY_GROUP = "proxy core"
+BENCH_GROUP = "bench cores"
+
+
+def core_groups(config: Config) -> dict[str, frozenset[int]]:
+    """The proxy's core and the bench's (upstream and load generator); busy shares are read per group."""
+    return {PROXY_GROUP: frozenset({config.proxy_core}), BENCH_GROUP: bench_cores(config)}
+
+
 def run(config: Config) -> Outcome:
     check_cores(config)
-    os.sched_setaffinity(0, {config.bench_core})  # children (the upstream) inherit the bench core
+    os.sched_setaffinity(0, config.client_cores)  # the load generator; the upstream is pinned once started
     with tempfile.TemporaryDirectory(prefix="kvgate-overhead-") as tmp, servers(config, Path(tmp)) as running:
         upstream, proxies, key = running
         trees = {name: procstat.process_tree(proxy.popen.pid) for name, proxy in proxies.items()}
@@ -400,7 +457,7 @@ def report(config: Config, outcome: Outcome, summaries: list[Summary]) -> dict[s
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     outcome = run(config)
-    names = [name for name in (DIRECT, GATEWAY, NGINX) if any(m.target == name for m in outcome.measurements)]
+    names = [name for name in (DIRECT, GATEWAY, NGINX, ROUTER) if any(m.target == name for m in outcome.measurements)]
     summaries = [summarize(outcome.measurements, concurrency, names) for concurrency in config.concurrency]
     result = report(config, outcome, summaries)
     print_report(result, summaries, print)

@@ -30,7 +30,7 @@ from gateway.proxy.forward import Proxy
 from gateway.proxy.misspath import MissPath
 from gateway.proxy.otel_metrics import OtelFeature, OtelGenAIMetrics
 from gateway.proxy.shape import JsonLimits
-from gateway.proxy.upstream import new_session
+from gateway.proxy.upstream import UpstreamClient, new_session
 from gateway.reuse.feature import AdmissionFeature
 from gateway.reuse.shared import Admission
 from gateway.reuse.store import open_trace_store
@@ -103,7 +103,8 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     features = Features(request_features(ledger, shadow, genai, AdmissionFeature(admission, metrics), reuse))
     log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants),
              features=[feature.name for feature in features.all])
-    proxy = Proxy(session, secret, health, features, MissPath(session, secret, metrics, ledger.remember_user_salt),
+    relay = UpstreamClient(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
+    proxy = Proxy(relay, secret, health, features, MissPath(session, secret, metrics, ledger.remember_user_salt),
                   JsonLimits(settings.json_max_depth, settings.json_max_items), settings.body_timeout_s)
     canary = _canary(session, secret, metrics, holder, tasks, scheduled=ingests)
     limits = RequestLimits(settings.max_in_flight, open_rate_limiter(storage, metrics.rate_limit_fallbacks.inc),
@@ -191,5 +192,6 @@ async def stop(state: State) -> None:
     await state.session.close()
     if state.ingester is not None:
         await state.ingester.close()
+    state.proxy.client.close()
     await state.storage.close()
     log.info("gateway_stopped")

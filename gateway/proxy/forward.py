@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from dataclasses import dataclass
 
-import aiohttp
 import msgspec
 
 from gateway.asgi.disconnect import DisconnectGuard
@@ -19,7 +19,6 @@ from gateway.asgi.io import (
     JSON_TYPE,
     Receive,
     Scope,
-    Send,
     header,
     read_body,
     send_body,
@@ -39,10 +38,17 @@ from gateway.proxy.rewrite import RewrittenRequest, parse_json_object, rewrite_r
 from gateway.proxy.rollout import choose_pool
 from gateway.proxy.shape import JsonLimits, check_json_shape, check_user_value
 from gateway.proxy.sse import StreamWatch, usage_from_json
-from gateway.proxy.upstream import open_first_reachable, upstream_errors, upstream_headers
+from gateway.proxy.upstream import (
+    UpstreamClient,
+    UpstreamResponse,
+    UpstreamTransportError,
+    open_first_reachable,
+    upstream_errors,
+    upstream_headers,
+)
 from gateway.routes import Kind, RouteSpec, StreamStyle
 
-STREAM_FAILURES = (aiohttp.ClientError, TimeoutError)
+STREAM_FAILURES = (UpstreamTransportError, TimeoutError)
 # Query strings travel upstream only in this conservative RFC 3986 form (no spaces, quotes or raw non-ASCII).
 FORWARDABLE_QUERY = re.compile(rb"[A-Za-z0-9._~%!$&'()*+,;=:@/?-]{0,2048}")
 IDENTITY = "identity"
@@ -50,11 +56,20 @@ DEFAULT_JSON_LIMITS = JsonLimits(max_depth=64, max_items=262_144)
 DEFAULT_BODY_TIMEOUT_S = 60.0
 
 
+@dataclass(frozen=True)
+class Relaying:
+    """One forwarded request from its send upstream on: its record, its context, and the client's connection."""
+
+    ex: Exchange
+    call: Call
+    client: Inbound
+
+
 class Proxy:
-    def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, health: UpstreamHealth,
+    def __init__(self, client: UpstreamClient, salt_secret: bytes, health: UpstreamHealth,
                  features: Features, miss_path: MissPath | None = None,
                  json_limits: JsonLimits = DEFAULT_JSON_LIMITS, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
-        self.session = session
+        self.client = client
         self.salt_secret = salt_secret
         self.health = health
         self.features = features
@@ -68,7 +83,7 @@ class Proxy:
             call, outbound = await self._outbound(ex, admitted, inbound, finishes)
             finishes += self.features.sent(call, outbound, ex)
             async with DisconnectGuard(inbound.receive) as guard:
-                await self._relay(ex, call, outbound, inbound.send)
+                await self._relay(Relaying(ex, call, inbound), outbound)
             if guard.disconnected:
                 ex.outcome = Outcome.CLIENT_DISCONNECTED
                 ex.status = ex.status or 499
@@ -82,6 +97,8 @@ class Proxy:
         policies, tenant, route, scope = admitted.policies, admitted.tenant, admitted.route, inbound.scope
         body = await self._body(scope, inbound.receive, route, policies)
         prepared = self._prepare(body, route, tenant, scope)
+        if prepared is not None:
+            body = b""  # the decoded request replaces the client's bytes: free them before the re-encode
         ex.model = prepared.model if prepared is not None else None
         ex.dropped_fields = prepared.dropped_fields if prepared is not None else ()
         ex.pool = choose_pool(policies, tenant, prepared.user if prepared else None, ex.request_id)
@@ -126,16 +143,17 @@ class Proxy:
         user = header_user.decode("latin-1") if header_user else None
         return rewrite_request(body, route, tenant, self.salt_secret, user)
 
-    async def _relay(self, ex: Exchange, call: Call, outbound: Outbound, send: Send) -> None:
-        if self.miss_path is not None and self.miss_path.applies(call):
-            await self._relay_with_miss_path(ex, call, outbound, self.miss_path, send)
+    async def _relay(self, relaying: Relaying, outbound: Outbound) -> None:
+        if self.miss_path is not None and self.miss_path.applies(relaying.call):
+            await self._relay_with_miss_path(relaying, outbound, self.miss_path)
             return
+        ex = relaying.ex
         ex.sent_at = time.perf_counter()
         ex.overhead_s = ex.sent_at - ex.started
         with upstream_errors(ex.pool):
-            ex.upstream, response = await open_first_reachable(self.session, self.health, outbound)
+            ex.upstream, response = await open_first_reachable(self.client, self.health, outbound)
         try:
-            await self._relay_response(ex, call, response, send)
+            await self._relay_response(relaying, response)
         except BaseException:
             response.close()
             raise
@@ -143,10 +161,9 @@ class Proxy:
 
     # -- the miss path (gateway/proxy/misspath.py) ------------------------------------------------
 
-    async def _relay_with_miss_path(
-        self, ex: Exchange, call: Call, outbound: Outbound, miss: MissPath, send: Send
-    ) -> None:
-        failure = await self._attempt(ex, call, outbound, send, first=True)
+    async def _relay_with_miss_path(self, relaying: Relaying, outbound: Outbound, miss: MissPath) -> None:
+        ex, call = relaying.ex, relaying.call
+        failure = await self._attempt(relaying, outbound, first=True)
         if failure is None:
             return
         trail: list[dict[str, str]] = [{"pool": ex.pool, "failure": failure.cause}]
@@ -159,29 +176,28 @@ class Proxy:
             candidates = self.health.candidates(pool.upstreams, prepared.affinity)
             retry, action = await miss.retry_outbound(call, outbound, candidates, pool_name,
                                                       f"{ex.request_id}-retry{number}")
-            next_failure = await self._attempt(ex, call, retry, send)
+            next_failure = await self._attempt(relaying, retry)
             miss.count(call, pool_name, action, next_failure is None)
             entry = {"pool": pool_name, "action": action, "result": "ok" if next_failure is None else "failed"}
             trail.append(entry if next_failure is None else {**entry, "failure": next_failure.cause})
             if next_failure is None:
                 return
             failure = next_failure
-        await self._deliver_failure(ex, call, failure, send)
+        await self._deliver_failure(relaying, failure)
 
-    async def _attempt(
-        self, ex: Exchange, call: Call, outbound: Outbound, send: Send, first: bool = False
-    ) -> Failure | None:
+    async def _attempt(self, relaying: Relaying, outbound: Outbound, first: bool = False) -> Failure | None:
         """Send once; relay the answer unless it failed before its first byte (then say how)."""
+        ex = relaying.ex
         ex.sent_at = time.perf_counter()
         if first:  # the gateway's own overhead is measured up to the first send; retries are upstream time
             ex.overhead_s = ex.sent_at - ex.started
         try:
             with upstream_errors(ex.pool):
-                ex.upstream, response = await open_first_reachable(self.session, self.health, outbound)
+                ex.upstream, response = await open_first_reachable(self.client, self.health, outbound)
         except GatewayError as error:
             return Failure(_cause(error), error=error)
         try:
-            failure = await self._screen(ex, call, response, send)
+            failure = await self._screen(relaying, response)
         except BaseException:
             response.close()
             raise
@@ -191,10 +207,9 @@ class Proxy:
             response.release()
         return failure
 
-    async def _screen(
-        self, ex: Exchange, call: Call, response: aiohttp.ClientResponse, send: Send
-    ) -> Failure | None:
+    async def _screen(self, relaying: Relaying, response: UpstreamResponse) -> Failure | None:
         """A failure before the first byte, or None once the answer has been relayed."""
+        ex, call = relaying.ex, relaying.call
         prepared = call.prepared
         assert prepared is not None
         content_type = response.headers.get("content-type", "application/json")
@@ -217,19 +232,20 @@ class Proxy:
             preread = peeked.chunks
         whole_before_sending = not prepared.upstream_stream or prepared.assemble
         try:
-            await self._relay_response(ex, call, response, send, preread)
+            await self._relay_response(relaying, response, preread)
         except GatewayError as error:
             if not whole_before_sending:
                 raise
             return Failure(_cause(error), error=error)  # nothing was sent: the body is read before replying
         return None
 
-    async def _deliver_failure(self, ex: Exchange, call: Call, failure: Failure, send: Send) -> None:
+    async def _deliver_failure(self, relaying: Relaying, failure: Failure) -> None:
         """Every attempt failed: the client gets the last failure as it would have without the miss path."""
         if failure.error is not None:
             raise failure.error
+        ex, send = relaying.ex, relaying.client.send
         ex.outcome = Outcome.MISS_PATH_EXHAUSTED
-        prepared = call.prepared
+        prepared = relaying.call.prepared
         headers = [(b"x-request-id", ex.request_id.encode()), (b"x-kvgate-pool", ex.pool.encode())]
         if not failure.chunks:
             ex.status = failure.status
@@ -237,7 +253,7 @@ class Proxy:
                             [(b"content-type", failure.content_type.encode("latin-1")), *headers])
             return
         if prepared is not None and prepared.assemble:
-            assembler = StreamAssembler(chat=call.route.chat)
+            assembler = StreamAssembler(chat=relaying.call.route.chat)
             for chunk in failure.chunks:
                 assembler.feed(chunk)
             ex.status, body = assembler.result()
@@ -250,23 +266,22 @@ class Proxy:
     # -- relaying an answer -----------------------------------------------------------------------
 
     async def _relay_response(
-        self, ex: Exchange, call: Call, response: aiohttp.ClientResponse, send: Send,
-        preread: list[bytes] | None = None,
+        self, relaying: Relaying, response: UpstreamResponse, preread: list[bytes] | None = None
     ) -> None:
+        ex, prepared = relaying.ex, relaying.call.prepared
         ex.status = response.status
-        route, prepared = call.route, call.prepared
         if content_encoding(response) != IDENTITY:
             # Upstream ignored `Accept-Encoding: identity`; relay the bytes as they are, labelled (no scanning).
             ex.content_encoding = content_encoding(response)
-            await self._relay_whole(ex, route, response, send)
+            await self._relay_whole(relaying, response)
         elif response.status != 200 or prepared is None or not prepared.upstream_stream:
-            await self._relay_whole(ex, route, response, send)
+            await self._relay_whole(relaying, response)
         elif prepared.assemble:
-            await self._relay_assembled(ex, route, response, send, preread or [])
+            await self._relay_assembled(relaying, response, preread or [])
         else:
-            await self._relay_stream(ex, route, prepared, response, send, preread or [])
+            await self._relay_stream(relaying, prepared, response, preread or [])
 
-    def _headers(self, ex: Exchange, response: aiohttp.ClientResponse, received: float) -> list[tuple[bytes, bytes]]:
+    def _headers(self, ex: Exchange, response: UpstreamResponse, received: float) -> list[tuple[bytes, bytes]]:
         ex.overhead_s += time.perf_counter() - received
         content_type = response.headers.get("content-type", "application/json")
         headers = [
@@ -280,26 +295,28 @@ class Proxy:
             headers.append((b"content-encoding", encoding.encode("utf-8", "surrogateescape")))
         return headers
 
-    async def _relay_whole(self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send) -> None:
+    async def _relay_whole(self, relaying: Relaying, response: UpstreamResponse) -> None:
+        ex = relaying.ex
         with upstream_errors(ex.pool):
             body = await response.read()
         received = time.perf_counter()
         if ex.capture is not None:
             ex.capture += body
-        if response.status == 200 and route.kind is Kind.GENERATE and content_encoding(response) == IDENTITY:
+        generation = relaying.call.route.kind is Kind.GENERATE
+        if response.status == 200 and generation and content_encoding(response) == IDENTITY:
             ex.usage = usage_from_json(body)
-        await send_body(send, response.status, body, self._headers(ex, response, received))
+        await send_body(relaying.client.send, response.status, body, self._headers(ex, response, received))
 
     async def _relay_stream(
-        self, ex: Exchange, route: RouteSpec, prepared: RewrittenRequest, response: aiohttp.ClientResponse,
-        send: Send, preread: list[bytes],
+        self, relaying: Relaying, prepared: RewrittenRequest, response: UpstreamResponse, preread: list[bytes]
     ) -> None:
+        ex, send = relaying.ex, relaying.client.send
         await send(start_message(200, self._headers(ex, response, time.perf_counter())))
         watch = StreamWatch(prepared.strip_usage)
         try:
             for chunk in preread:  # held back by the miss path until the stream showed content
-                await self._pass_chunk(ex, watch, chunk, send)
-            async for chunk in response.content.iter_any():
+                await self._pass_chunk(relaying, watch, chunk)
+            while chunk := await response.next_chunk():  # everything that arrived since the last wake-up
                 forward, first = watch.feed(chunk)
                 if first:
                     ex.ttft_s = time.perf_counter() - ex.started
@@ -310,24 +327,24 @@ class Proxy:
             tail = watch.flush()
         except STREAM_FAILURES as error:
             ex.outcome = Outcome.UPSTREAM_FAILED_MID_STREAM
-            tail = stream_error_event(route, f"Upstream stream failed: {type(error).__name__}.")
+            tail = stream_error_event(relaying.call.route, f"Upstream stream failed: {type(error).__name__}.")
         ex.usage = watch.usage
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    async def _pass_chunk(self, ex: Exchange, watch: StreamWatch, chunk: bytes, send: Send) -> None:
+    async def _pass_chunk(self, relaying: Relaying, watch: StreamWatch, chunk: bytes) -> None:
+        ex = relaying.ex
         forward, first = watch.feed(chunk)
         if first:
             ex.ttft_s = time.perf_counter() - ex.started
         if forward:
-            await send({"type": "http.response.body", "body": forward, "more_body": True})
+            await relaying.client.send({"type": "http.response.body", "body": forward, "more_body": True})
         if ex.capture is not None:
             ex.capture += chunk
 
-    async def _relay_assembled(
-        self, ex: Exchange, route: RouteSpec, response: aiohttp.ClientResponse, send: Send, preread: list[bytes]
-    ) -> None:
+    async def _relay_assembled(self, relaying: Relaying, response: UpstreamResponse, preread: list[bytes]) -> None:
+        ex = relaying.ex
         watch = StreamWatch(strip_usage=False)
-        assembler = StreamAssembler(chat=route.chat)
+        assembler = StreamAssembler(chat=relaying.call.route.chat)
         for chunk in preread:
             if watch.feed(chunk)[1]:
                 ex.ttft_s = time.perf_counter() - ex.started
@@ -335,7 +352,7 @@ class Proxy:
             if ex.capture is not None:
                 ex.capture += chunk
         with upstream_errors(ex.pool):
-            async for chunk in response.content.iter_any():
+            while chunk := await response.next_chunk():
                 if watch.feed(chunk)[1]:
                     ex.ttft_s = time.perf_counter() - ex.started
                 assembler.feed(chunk)
@@ -346,15 +363,15 @@ class Proxy:
         status, body = assembler.result()
         ex.status = status
         headers = [(b"content-type", JSON_TYPE), *self._headers(ex, response, received)[1:]]
-        await send_body(send, status, msgspec.json.encode(body), headers)
+        await send_body(relaying.client.send, status, msgspec.json.encode(body), headers)
 
 
-def content_encoding(response: aiohttp.ClientResponse) -> str:
+def content_encoding(response: UpstreamResponse) -> str:
     return response.headers.get("content-encoding", IDENTITY).strip().lower() or IDENTITY
 
 
 def _cause(error: GatewayError) -> str:
-    """The underlying failure's name (ClientConnectorError, ServerDisconnectedError, TimeoutError, ...)."""
+    """The underlying failure's name (UpstreamConnectError, UpstreamReadTimeout, ...)."""
     return type(error.__cause__).__name__ if error.__cause__ is not None else type(error).__name__
 
 

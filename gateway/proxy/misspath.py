@@ -20,9 +20,9 @@ How a recompute is forced depends on the server (the pool's `recompute` field):
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import aiohttp
 import msgspec
@@ -132,29 +132,35 @@ class Peeked:
     error_first: bool
 
 
-async def peek_stream(response: aiohttp.ClientResponse) -> Peeked:
+class ChunkSource(Protocol):
+    async def next_chunk(self) -> bytes: ...
+
+
+async def peek_stream(response: ChunkSource) -> Peeked:
     """Hold a stream back until it shows content (relay it) or an error before any content (retry it)."""
     chunks: list[bytes] = []
     region = b""
-    async for chunk in response.content.iter_any():
+    while chunk := await response.next_chunk():
         chunks.append(chunk)
         region += chunk
         outcome = first_outcome(region)  # read as events, whatever JSON or SSE style upstream writes
         if outcome == "error":
-            chunks += [rest async for rest in _rest(response, len(region))]
+            chunks += await _rest(response, len(region))
             return Peeked(chunks, True)
         if outcome == "content" or len(region) > PEEK_LIMIT_BYTES:
             break
     return Peeked(chunks, False)
 
 
-async def _rest(response: aiohttp.ClientResponse, read: int) -> AsyncIterator[bytes]:
+async def _rest(response: ChunkSource, read: int) -> list[bytes]:
     """What follows an error event (normally just `[DONE]`), bounded."""
-    async for chunk in response.content.iter_any():
+    rest = []
+    while chunk := await response.next_chunk():
         read += len(chunk)
         if read > PEEK_LIMIT_BYTES:
-            return
-        yield chunk
+            break
+        rest.append(chunk)
+    return rest
 
 
 class MissPath:

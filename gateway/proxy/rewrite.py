@@ -104,13 +104,23 @@ def prompt_prefix(request: dict[str, Any]) -> str:
 
 
 def _text_of(value: object) -> str:
+    """The start of a prompt value's text: at least AFFINITY_CHARS characters where it has them (a long prompt is
+    never copied whole: with a 128k-token message that copy was a second prompt in memory)."""
     if isinstance(value, str):
-        return value
+        return value[:AFFINITY_CHARS]
     if isinstance(value, list):
-        return "".join(_text_of(item) for item in value[:8])
+        pieces: list[str] = []
+        length = 0
+        for item in value[:8]:
+            piece = _text_of(item)
+            pieces.append(piece)
+            length += len(piece)
+            if length >= AFFINITY_CHARS:
+                break
+        return "".join(pieces)
     if isinstance(value, dict):
         return _text_of(value.get("content", ""))
-    return str(value)
+    return str(value)[:AFFINITY_CHARS]
 
 
 def _body_user(request: dict[str, Any]) -> str | None:

@@ -1,15 +1,27 @@
-"""Upstream HTTP: one pooled aiohttp session, pool/upstream choice, and one place that maps errors.
+"""Upstream HTTP for the relay: pooled keep-alive connections, upstream choice, and one place that maps errors.
 
-aiohttp is used instead of plain httpx because its C HTTP parser costs about a quarter of the CPU per
-streamed response (measured: loadtests/proxy_overhead.py; reference figures in docs/proxy-costs.md).
+The relay's client is an `asyncio.Protocol` driven by httptools (the parser uvicorn uses), like the shadow
+client: each socket read is one parser call and a list append, and the relay's coroutine wakes once per read
+with everything that arrived since its last wake-up, instead of a general client's per-chunk stream machinery
+(aiohttp spent about 15 Python calls per SSE event). Measured figures: docs/proxy-costs.md.
+
+Bounded: at most `connections` requests in flight upstream at once (further ones wait for a slot); a response
+body buffered faster than the client takes it pauses reading from upstream at `PAUSE_AT_BYTES`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ssl
+from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import cast
+from urllib.parse import urlsplit
 
 import aiohttp
+import httptools
 
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.proxy.balance import UpstreamHealth
@@ -18,20 +30,46 @@ from gateway.proxy.features import Outbound
 # Inbound headers that may travel upstream; everything else (keys, hop-by-hop headers, vLLM steering
 # headers such as X-data-parallel-rank, X-Vllm-Priority, X-Session-ID) is dropped.
 FORWARDED_HEADERS = frozenset({b"accept", b"traceparent", b"tracestate", b"user-agent", b"baggage"})
+FRAMING_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})  # set here, not copied
+PAUSE_AT_BYTES = 1024 * 1024  # a response buffered beyond this pauses reading until the relay catches up
+KEEPALIVE_S = 30.0  # an idle connection older than this is closed rather than reused
+MAX_TARGETS_CACHED = 1024
+
+
+class UpstreamTransportError(Exception):
+    """The upstream broke the connection, answered malformed HTTP, or closed before the answer was complete."""
+
+
+class UpstreamConnectError(UpstreamTransportError):
+    """No connection could be made (refused, unreachable, unknown host): nothing was sent."""
+
+
+class UpstreamClosedBeforeAnswer(UpstreamTransportError):
+    """The connection ended before any byte of the answer. On a reused connection the upstream let it go while
+    idle (its keep-alive timeout) just as the request went out, so sending again on a fresh one is safe."""
+
+
+class UpstreamReadTimeout(UpstreamTransportError, TimeoutError):
+    """Nothing arrived from the upstream for the read timeout."""
+
+
+class UpstreamConnectTimeout(UpstreamTransportError, TimeoutError):
+    """The connection was not established within the connect timeout."""
 
 
 @contextmanager
 def upstream_errors(pool: str) -> Iterator[None]:
-    """Translate client-library failures into gateway errors, at this one boundary."""
+    """Translate transport failures into gateway errors, at this one boundary."""
     try:
         yield
-    except (TimeoutError, aiohttp.ServerTimeoutError) as error:
+    except TimeoutError as error:
         raise UpstreamTimeout(f"Upstream of pool {pool!r} timed out.") from error
-    except aiohttp.ClientError as error:
+    except UpstreamTransportError as error:
         raise UpstreamUnavailable(f"Upstream of pool {pool!r} is unavailable: {type(error).__name__}.") from error
 
 
 def new_session(connections: int, connect_timeout_s: float, read_timeout_s: float) -> aiohttp.ClientSession:
+    """The aiohttp session of the gateway's own small calls (canary, version probes, upstream metrics)."""
     connector = aiohttp.TCPConnector(limit=connections, limit_per_host=0, keepalive_timeout=30.0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s)
     return aiohttp.ClientSession(
@@ -47,26 +85,415 @@ def upstream_headers(inbound: list[tuple[bytes, bytes]], auth: dict[str, str], r
     return headers | auth
 
 
-async def open_upstream(
-    session: aiohttp.ClientSession, method: str, url: str, headers: dict[str, str], body: bytes | None
-) -> aiohttp.ClientResponse:
-    return await session.request(method, url, headers=headers, data=body, allow_redirects=False)
+# -- addressing and encoding ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Origin:
+    scheme: str
+    host: str
+    port: int
+    host_header: str
+
+
+@dataclass(frozen=True)
+class BaseUrl:
+    """A pool's upstream URL: where to connect, and the path its routes hang under (often empty)."""
+
+    origin: Origin
+    path: str
+
+
+def parse_base_url(base_url: str) -> BaseUrl:
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or parts.hostname is None:
+        raise UpstreamConnectError(f"unsupported upstream URL {parts.scheme!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host_header = parts.netloc.rpartition("@")[2]  # never credentials in the Host header
+    return BaseUrl(Origin(parts.scheme, parts.hostname, port, host_header), parts.path.rstrip("/"))
+
+
+def encode_head(method: str, origin: Origin, target: str, headers: dict[str, str], body: bytes | None) -> bytes:
+    """The request line and headers; `target` is the path and query (already checked by the proxy)."""
+    lines = [f"{method} {target} HTTP/1.1", f"host: {origin.host_header}"]
+    if body is not None:
+        lines.append(f"content-length: {len(body)}")
+    lines += [f"{name}: {value}" for name, value in headers.items() if name.lower() not in FRAMING_HEADERS]
+    text = "\r\n".join(lines)
+    if "\n" in text.replace("\r\n", "") or "\r" in text.replace("\r\n", ""):
+        raise UpstreamTransportError("a request header contains a line break")
+    return (text + "\r\n\r\n").encode("latin-1")
+
+
+# -- one connection -------------------------------------------------------------------------------------
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One keep-alive connection; httptools calls back into it as packets arrive. One request at a time."""
+
+    def __init__(self, read_timeout_s: float) -> None:
+        self.read_timeout_s = read_timeout_s
+        self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
+        self._parser = httptools.HttpResponseParser(self)
+        self.reusable = False
+        self.idle_since = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.headers_done = False
+        self.complete = False
+        self.answered = False
+        self.error: UpstreamTransportError | None = None
+        self._body: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._last_read = self._wait_since = self.loop.time()
+
+    # -- asyncio.Protocol -----------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+
+    def data_received(self, data: bytes) -> None:
+        if self.complete:  # nothing is being asked: an idle connection that speaks is not safe to reuse
+            self._fail(UpstreamTransportError("unsolicited data on an idle connection"))
+            return
+        self.answered = True
+        self._last_read = self.loop.time()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            self._fail(UpstreamTransportError(f"malformed HTTP from upstream: {error}"))
+
+    def eof_received(self) -> bool | None:
+        if self.headers_done and not self.complete and self._delimited_by_close():
+            self._finish(reusable=False)  # a body without length or chunking ends with the connection
+        else:
+            self._fail(self._ended("the upstream closed the connection before the answer was complete"))
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.reusable = False
+        self._fail(self._ended(f"connection lost: {type(exc).__name__ if exc else 'closed'}"))
+
+    def _ended(self, message: str) -> UpstreamTransportError:
+        return UpstreamTransportError(message) if self.answered else UpstreamClosedBeforeAnswer(message)
+
+    def _delimited_by_close(self) -> bool:
+        return "content-length" not in self.headers and "chunked" not in self.headers.get("transfer-encoding", "")
+
+    # -- httptools callbacks --------------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self.headers_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+        self._buffered += len(body)
+        if self._buffered > PAUSE_AT_BYTES and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self._finish(self._parser.should_keep_alive())
+
+    # -- the relay's side -----------------------------------------------------------------------------
+
+    def send(self, head: bytes, body: bytes | None) -> None:
+        assert self.transport is not None
+        self.reusable = False
+        self._reset()
+        if body:
+            self.transport.writelines((head, body))  # no copy of a large body into one buffer
+        else:
+            self.transport.write(head)
+
+    async def headers_received(self) -> None:
+        while not self.headers_done:
+            if self.error is not None:
+                raise self.error
+            await self._wait()
+
+    def take(self) -> bytes:
+        """Everything buffered since the last call (b"" when nothing is)."""
+        body = self._body
+        if not body:
+            return b""
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        self._buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    async def next_chunk(self) -> bytes:
+        """The body bytes that arrived since the last call, waiting for some; b"" once the body is complete."""
+        while True:
+            if self._body:
+                return self.take()
+            if self.error is not None:
+                raise self.error
+            if self.complete:
+                return b""
+            await self._wait()
+
+    async def _wait(self) -> None:
+        waiter = self._waiter = self.loop.create_future()
+        if self._timer is None:
+            self._wait_since = self.loop.time()
+            self._timer = self.loop.call_at(self._wait_since + self.read_timeout_s, self._check_read_timeout)
+        await waiter
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _check_read_timeout(self) -> None:
+        # One timer per read-timeout period, not one per read: it re-arms itself while data keeps coming.
+        # Only time spent waiting counts: a relay held up by a slow client has paused reading itself.
+        self._timer = None
+        if self.complete or self.error is not None or self._waiter is None:
+            return
+        due = max(self._last_read, self._wait_since) + self.read_timeout_s
+        if self.loop.time() >= due:
+            self._fail(UpstreamReadTimeout(f"nothing from upstream for {self.read_timeout_s:g} s"))
+        else:
+            self._timer = self.loop.call_at(due, self._check_read_timeout)
+
+    def _finish(self, reusable: bool) -> None:
+        self.complete = True
+        self.reusable = reusable
+        self._cancel_timer()
+        self._wake()
+
+    def _fail(self, error: UpstreamTransportError) -> None:
+        self.reusable = False
+        self._cancel_timer()
+        if not self.complete and self.error is None:
+            self.error = error
+        self._wake()
+        self.close()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def close(self) -> None:
+        self.reusable = False
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def is_open(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._paused
+
+
+# -- a response in progress -------------------------------------------------------------------------------
+
+
+class UpstreamResponse:
+    """An upstream answer whose head has arrived; its body is read with `next_chunk` or `read`. Exactly one of
+    `release` (after the whole body was read) or `close` ends it and frees its connection slot."""
+
+    def __init__(self, client: UpstreamClient, origin: Origin, connection: UpstreamConnection) -> None:
+        self._client = client
+        self._origin = origin
+        self._connection: UpstreamConnection | None = connection
+        self.status = connection.status
+        self.headers = connection.headers  # lower-case names; the first of a repeated header
+
+    async def next_chunk(self) -> bytes:
+        assert self._connection is not None
+        return await self._connection.next_chunk()
+
+    @property
+    def reading_paused(self) -> bool:
+        """Whether the body buffered so far made the connection stop reading from the upstream."""
+        return self._connection is not None and self._connection.reading_paused
+
+    async def read(self) -> bytes:
+        parts = []
+        while chunk := await self.next_chunk():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def release(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._client.give_back(self._origin, connection)
+
+    def close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+            self._client.give_back(self._origin, connection)
+
+
+# -- the pool ---------------------------------------------------------------------------------------------
+
+
+class Slots:
+    """At most `limit` holders at once; waiters are served in order. (asyncio.Semaphore's acquire scans its
+    waiters on every call, a measurable cost per request; here a free slot is taken without awaiting.)"""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self) -> None:
+        if self.used < self.limit and not self._waiters:
+            self.used += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # a release hands its slot over by completing this future (`used` is unchanged)
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # the slot arrived as this waiter was cancelled: pass it on
+            else:
+                with suppress(ValueError):  # a release may already have dropped it
+                    self._waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.used -= 1
+
+
+
+class UpstreamClient:
+    """Keep-alive connections per upstream origin, at most `connections` requests in flight at once."""
+
+    def __init__(self, connections: int, connect_timeout_s: float, read_timeout_s: float,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.max_idle_per_origin = connections
+        self._slots = Slots(connections)
+        self._idle: dict[Origin, list[UpstreamConnection]] = {}
+        self._bases: dict[str, BaseUrl] = {}
+        self._tls = tls
+
+    async def open(self, method: str, base_url: str, target: str, headers: dict[str, str],
+                   body: bytes | None) -> UpstreamResponse:
+        """Send one request and wait for the head of its answer."""
+        base = self._base(base_url)
+        origin = base.origin
+        head = encode_head(method, origin, base.path + target, headers, body)
+        await self._slots.acquire()
+        try:
+            idle = self._take_idle(origin)
+            if idle is not None:
+                try:
+                    return await self._exchange(origin, idle, head, body)
+                except UpstreamClosedBeforeAnswer:
+                    pass  # the upstream let this idle connection go as it was reused; a fresh one is safe
+            return await self._exchange(origin, await self._connect(origin), head, body)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def _exchange(self, origin: Origin, connection: UpstreamConnection, head: bytes,
+                        body: bytes | None) -> UpstreamResponse:
+        try:
+            connection.send(head, body)
+            await connection.headers_received()
+        except BaseException:
+            connection.close()  # cancelled or failed before the head: the connection's state is unknown
+            raise
+        return UpstreamResponse(self, origin, connection)
+
+    def give_back(self, origin: Origin, connection: UpstreamConnection) -> None:
+        self._slots.release()
+        idle = self._idle.setdefault(origin, [])
+        if connection.reusable and connection.complete and connection.is_open() \
+                and len(idle) < self.max_idle_per_origin:
+            connection.idle_since = connection.loop.time()
+            idle.append(connection)
+        else:
+            connection.close()
+
+    def _base(self, base_url: str) -> BaseUrl:
+        base = self._bases.get(base_url)
+        if base is None:
+            if len(self._bases) >= MAX_TARGETS_CACHED:
+                self._bases.clear()
+            base = self._bases[base_url] = parse_base_url(base_url)
+        return base
+
+    def _take_idle(self, origin: Origin) -> UpstreamConnection | None:
+        idle = self._idle.get(origin)
+        while idle:
+            connection = idle.pop()
+            if connection.is_open() and connection.loop.time() - connection.idle_since < KEEPALIVE_S:
+                return connection
+            connection.close()
+        return None
+
+    async def _connect(self, origin: Origin) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        tls = self._tls_context() if origin.scheme == "https" else None
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, connection = await loop.create_connection(
+                    lambda: UpstreamConnection(self.read_timeout_s), origin.host, origin.port, ssl=tls)
+        except TimeoutError as error:
+            raise UpstreamConnectTimeout(f"cannot connect to {origin.host_header} in time") from error
+        except OSError as error:
+            raise UpstreamConnectError(f"cannot connect to {origin.host_header}: {type(error).__name__}") from error
+        return connection
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for connection in idle:
+                connection.close()
+        self._idle.clear()
 
 
 async def open_first_reachable(
-    session: aiohttp.ClientSession, health: UpstreamHealth, outbound: Outbound
-) -> tuple[str, aiohttp.ClientResponse]:
+    client: UpstreamClient, health: UpstreamHealth, outbound: Outbound
+) -> tuple[str, UpstreamResponse]:
     """Open the request on the first candidate that accepts a connection (nothing was sent to the others)."""
-    candidates, method, target = outbound.candidates, outbound.method, outbound.target
-    headers, body = outbound.headers, outbound.body
+    candidates = outbound.candidates
     for upstream in candidates[:-1]:
-        try:
-            return upstream, await open_upstream(session, method, upstream + target, headers, body)
-        except aiohttp.ClientConnectorError:
-            health.mark_down(upstream)
+        with suppress(UpstreamConnectError):
+            return upstream, await _open(client, upstream, outbound)
+        health.mark_down(upstream)
     last = candidates[-1]
     try:
-        return last, await open_upstream(session, method, last + target, headers, body)
-    except aiohttp.ClientConnectorError:
+        return last, await _open(client, last, outbound)
+    except UpstreamConnectError:
         health.mark_down(last)
         raise
+
+
+async def _open(client: UpstreamClient, upstream: str, outbound: Outbound) -> UpstreamResponse:
+    return await client.open(outbound.method, upstream, outbound.target, outbound.headers, outbound.body)

@@ -179,7 +179,7 @@ def test_a_refused_connection_goes_to_else_pool(stack: MissStack) -> None:
     assert reply.headers["x-kvgate-pool"] == "control"
     assert miss_count(stack, "gone", "dead", "recompute_salt", "failed") >= 1
     entry = log_entry(stack, reply.headers["x-request-id"])
-    assert entry["miss_path"][0] == {"pool": "dead", "failure": "ClientConnectorError"}
+    assert entry["miss_path"][0] == {"pool": "dead", "failure": "UpstreamConnectError"}
 
 
 def test_no_retry_when_the_policy_says_off(stack: MissStack) -> None:

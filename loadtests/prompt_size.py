@@ -1,0 +1,177 @@
+"""Prompt-size benchmark: what a larger request body costs the gateway, for 1k to 128k-token prompts.
+
+Two measurements, for chat and completions bodies of 1k, 8k, 32k and 128k tokens (about 5 bytes per token, as a
+tokenizer sees English words):
+
+* **Served.** One `kvgate serve` (every feature on, info logging) in front of the fast upstream, requests sent one
+  at a time (streaming, as clients do). Per size: the gateway's own `x-kvgate-overhead-ms` header (arrival to the
+  request leaving for upstream; p50/p90) and the gateway process's CPU per request (/proc, whole request).
+* **Memory, in process.** tracemalloc around the body path of one request as the proxy runs it — the body
+  joined from the client's chunks, its shape check, the rewrite, the client's bytes dropped, the bytes sent
+  upstream encoded — reported as peak bytes allocated over the body size (the chunks themselves, which exist
+  before the path begins, are not counted). A served gateway's RSS high-water mark cannot be split per
+  request, so this focused figure stands for it.
+
+    .venv/bin/python -m loadtests.prompt_size --out /tmp/prompt-size.json [--requests 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import uvloop
+
+from gateway.policy.model import TenantPolicy
+from gateway.proxy.forward import DEFAULT_JSON_LIMITS
+from gateway.proxy.rewrite import rewrite_request
+from gateway.proxy.shape import check_json_shape
+from gateway.routes import ROUTES
+from loadtests import procstat
+from loadtests import proxy_overhead as bench
+
+TOKEN_SIZES = (1_000, 8_000, 32_000, 128_000)
+WORDS = ("the", "cache", "of", "a", "block", "is", "kept", "per", "tenant", "and")  # ~4.9 bytes per token
+SECRET = b"prompt-size-benchmark-secret-0123456789"
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    route: str
+    tokens: int
+    body_bytes: int
+    overhead_p50_ms: float
+    overhead_p90_ms: float
+    cpu_ms_per_request: float
+    peak_alloc_bytes: int
+
+    @property
+    def peak_over_body(self) -> float:
+        return self.peak_alloc_bytes / self.body_bytes
+
+
+def prompt_text(tokens: int) -> str:
+    """About `tokens` tokens of plain words (one word and its space per token)."""
+    return " ".join(WORDS[index % len(WORDS)] for index in range(tokens))
+
+
+def request_body(route: str, tokens: int) -> bytes:
+    body: dict[str, Any] = {"model": "m", "max_tokens": 8, "stream": True, "temperature": 0,
+                            "stream_options": {"include_usage": True}}
+    if route == "chat":
+        body["messages"] = [{"role": "system", "content": "You answer briefly."},
+                            {"role": "user", "content": prompt_text(tokens)}]
+    else:
+        body["prompt"] = prompt_text(tokens)
+    return json.dumps(body).encode()
+
+
+def body_path_peak(route: str, body: bytes) -> int:
+    """Peak bytes allocated while one body goes from the client's chunks to the bytes sent upstream."""
+    spec = ROUTES[bench.ROUTE_PATHS[route]]
+    tenant = TenantPolicy.model_validate({"tenant": "bench", "keys": [], "cache": {"isolation": "tenant"}})
+    chunks = [body[start:start + 65536] for start in range(0, len(body), 65536)]  # as uvicorn hands them over
+    tracemalloc.start()
+    try:
+        joined = b"".join(chunks)  # as read_body does; the proxy then drops these bytes before encoding
+        check_json_shape(joined, DEFAULT_JSON_LIMITS)
+        prepared = rewrite_request(joined, spec, tenant, SECRET, None)
+        del joined
+        sent = prepared.body
+        assert sent
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+async def served(url: str, key: str, body: bytes, requests: int, gateway_pid: int) -> tuple[list[float], float]:
+    """Overhead headers of `requests` sequential requests, and the gateway's CPU per request."""
+    headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
+    overheads: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(3):  # warm-up
+            async with session.post(url, data=body, headers=headers) as response:
+                await response.read()
+        before = procstat.process_cpu_s(gateway_pid)
+        for _ in range(requests):
+            async with session.post(url, data=body, headers=headers) as response:
+                await response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"status {response.status}")
+                overheads.append(float(response.headers["x-kvgate-overhead-ms"]))
+        used = procstat.process_cpu_s(gateway_pid) - before
+    return overheads, used * 1000 / requests
+
+
+def measure(config: bench.Config, requests: int) -> list[SizeResult]:
+    results: list[SizeResult] = []
+    with tempfile.TemporaryDirectory(prefix="kvgate-prompt-size-") as tmp, \
+            bench.start_upstream(config, Path(tmp)) as upstream:
+        gateway_cm, key = bench.start_gateway(config, Path(tmp), upstream.url)
+        with gateway_cm as gateway:
+            procstat.pin_process(gateway.popen.pid, {config.proxy_core})
+            for route in ("chat", "completions"):
+                for tokens in TOKEN_SIZES:
+                    body = request_body(route, tokens)
+                    url = gateway.url + bench.ROUTE_PATHS[route]
+                    overheads, cpu_ms = uvloop.run(served(url, key, body, requests, gateway.popen.pid))
+                    peak = body_path_peak(route, body)
+                    result = SizeResult(route, tokens, len(body), statistics.median(overheads),
+                                        statistics.quantiles(overheads, n=10)[-1], cpu_ms, peak)
+                    results.append(result)
+                    print(f"  {route:<11} {tokens:>7} tokens {len(body) / 1024:8.1f} KiB  overhead p50 "
+                          f"{result.overhead_p50_ms:6.3f} ms  p90 {result.overhead_p90_ms:6.3f} ms  CPU/req "
+                          f"{cpu_ms:6.3f} ms  body-path peak {result.peak_over_body:4.2f}x body",
+                          file=sys.stderr, flush=True)
+    return results
+
+
+def table(results: Sequence[SizeResult]) -> str:
+    lines = ["| route | prompt tokens | body | overhead p50 | overhead p90 | above 1k p50 | gateway CPU/request | "
+             "body-path peak / body |", "|---|---|---|---|---|---|---|---|"]
+    for result in results:
+        base = next(r for r in results if r.route == result.route and r.tokens == TOKEN_SIZES[0])
+        lines.append(f"| {result.route} | {result.tokens:,} | {result.body_bytes / 1024:.0f} KiB "
+                     f"| {result.overhead_p50_ms:.3f} ms | {result.overhead_p90_ms:.3f} ms "
+                     f"| {result.overhead_p50_ms - base.overhead_p50_ms:+.3f} ms | {result.cpu_ms_per_request:.3f} ms "
+                     f"| {result.peak_over_body:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.prompt_size", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--requests", type=int, default=60,
+                        help="measured requests per size and route (CPU is read in 10 ms ticks: more is finer)")
+    parser.add_argument("--proxy-core", type=int, default=1)
+    parser.add_argument("--bench-core", type=int, default=0)
+    args = parser.parse_args(argv)
+    config = bench.parse_args(["--out", os.devnull, "--no-nginx", "--no-router", "--tokens", "8",
+                               "--proxy-core", str(args.proxy_core), "--bench-core", str(args.bench_core)])
+    bench.check_cores(config)
+    os.sched_setaffinity(0, {config.bench_core})
+    results = measure(config, args.requests)
+    print(table(results))
+    args.out.write_text(json.dumps({
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "at": time.strftime("%Y-%m-%dT%H:%M:%S")},
+        "requests_per_size": args.requests,
+        "results": [{**asdict(result), "peak_over_body": result.peak_over_body} for result in results],
+    }, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,220 @@
+"""The relay's upstream client over real loopback sockets: scripted HTTP servers for keep-alive, stale idle
+connections, read timeouts, bodies ended by the connection, malformed answers, flow control and failover."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from gateway.proxy.balance import UpstreamHealth
+from gateway.proxy.features import Outbound
+from gateway.proxy.upstream import (
+    PAUSE_AT_BYTES,
+    Slots,
+    UpstreamClient,
+    UpstreamConnectError,
+    UpstreamReadTimeout,
+    UpstreamTransportError,
+    open_first_reachable,
+)
+from gateway.tasks import TaskSupervisor
+from tests.gateway.test_shadow_client import ScriptedServer, answer_ok, serve
+
+JSON = {"content-type": "application/json"}
+PATH = "/v1/completions"
+
+
+def base(url: str) -> str:
+    return url.removesuffix(PATH)
+
+
+def new_client(read_timeout_s: float = 5.0) -> UpstreamClient:
+    return UpstreamClient(connections=8, connect_timeout_s=5, read_timeout_s=read_timeout_s)
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_keeps_connections_alive_and_sends_the_request_intact() -> None:
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = new_client()
+        for index in range(3):
+            response = await client.open("POST", base(url), PATH, {**JSON, "x-request-id": f"r{index}"},
+                                         b'{"n":%d}' % index)
+            assert (response.status, await response.read()) == (200, b"{}")
+            response.release()
+        client.close()
+        assert server.connections == 1
+        assert server.requests[2].startswith(b"POST /v1/completions HTTP/1.1\r\n")
+        assert b"\r\nx-request-id: r2\r\n" in server.requests[2] and server.requests[2].endswith(b'{"n":2}')
+
+    asyncio.run(serve(answer_ok, calls))
+
+
+def test_a_base_url_with_a_path_keeps_it_and_credentials_never_reach_the_host_header() -> None:
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = new_client()
+        with_path = base(url).replace("http://", "http://user:secret@") + "/prefix"
+        response = await client.open("POST", with_path, PATH, JSON, b"{}")
+        assert await response.read() == b"{}"
+        response.release()
+        client.close()
+        assert server.requests[0].startswith(b"POST /prefix/v1/completions HTTP/1.1\r\n")
+        assert b"secret" not in server.requests[0]
+
+    asyncio.run(serve(answer_ok, calls))
+
+
+def test_an_idle_connection_the_upstream_dropped_is_replaced_without_failing() -> None:
+    async def drop_second_request(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
+        if connection == 0 and index == 1:
+            writer.close()  # as if its keep-alive timer fired just as the request arrived
+            return
+        await answer_ok(connection, index, writer)
+
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = new_client()
+        for _ in range(2):
+            response = await client.open("POST", base(url), PATH, JSON, b"{}")
+            assert await response.read() == b"{}"
+            response.release()
+        client.close()
+        assert server.connections == 2
+
+    asyncio.run(serve(drop_second_request, calls))
+
+
+def test_a_stream_is_read_as_it_arrives_and_a_body_may_end_with_the_connection() -> None:
+    async def stream_then_close(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: 1\n\n")
+        await writer.drain()
+        writer.write(b"data: 2\n\n")
+        await writer.drain()
+        writer.close()
+
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = new_client()
+        response = await client.open("POST", base(url), PATH, JSON, b"{}")
+        assert response.headers["content-type"] == "text/event-stream"
+        chunks = []
+        while chunk := await response.next_chunk():
+            chunks.append(chunk)
+        response.release()
+        client.close()
+        assert b"".join(chunks) == b"data: 1\n\ndata: 2\n\n"
+
+    asyncio.run(serve(stream_then_close, calls))
+
+
+def test_silence_past_the_read_timeout_fails_the_stream() -> None:
+    async def stall(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = new_client(read_timeout_s=0.2)
+        response = await client.open("POST", base(url), PATH, JSON, b"{}")
+        assert await response.next_chunk() == b"data: 1\n\n"
+        with pytest.raises(UpstreamReadTimeout):
+            await response.next_chunk()
+        response.close()
+        client.close()
+
+    asyncio.run(serve(stall, calls))
+
+
+def test_an_upstream_that_closes_mid_body_or_answers_garbage_fails_with_a_transport_error() -> None:
+    async def cut_or_garbage(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
+        if connection == 0:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
+        else:
+            writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = new_client()
+        response = await client.open("POST", base(url), PATH, JSON, b"{}")
+        with pytest.raises(UpstreamTransportError):
+            await response.read()
+        response.close()
+        with pytest.raises(UpstreamTransportError):
+            await client.open("POST", base(url), PATH, JSON, b"{}")
+        client.close()
+
+    asyncio.run(serve(cut_or_garbage, calls))
+
+
+def test_a_large_body_pauses_reading_and_still_arrives_whole() -> None:
+    size = 3 * PAUSE_AT_BYTES
+
+    async def large(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size + b"x" * size)
+        await writer.drain()
+
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = new_client()
+        response = await client.open("POST", base(url), PATH, JSON, b"{}")
+        deadline = asyncio.get_running_loop().time() + 10
+        while not response.reading_paused:  # the relay does not read: the connection must stop buffering
+            assert asyncio.get_running_loop().time() < deadline, "reading never paused"
+            await asyncio.sleep(0.01)
+        first = await response.next_chunk()
+        assert len(first) <= 2 * PAUSE_AT_BYTES  # what was buffered before reading paused, not the whole body
+        assert len(first) + len(await response.read()) == size
+        response.release()
+        client.close()
+
+    asyncio.run(serve(large, calls))
+
+
+def test_a_refused_connection_marks_the_upstream_down_and_the_next_candidate_answers() -> None:
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = new_client()
+        health = UpstreamHealth()
+        dead = f"http://127.0.0.1:{closed_port()}"
+        outbound = Outbound("POST", [dead, base(url)], PATH, JSON, b"{}")
+        upstream, response = await open_first_reachable(client, health, outbound)
+        assert upstream == base(url) and await response.read() == b"{}"
+        response.release()
+        assert not health.is_up(dead)
+        with pytest.raises(UpstreamConnectError):
+            await open_first_reachable(client, health, Outbound("POST", [dead], PATH, JSON, b"{}"))
+        client.close()
+
+    asyncio.run(serve(answer_ok, calls))
+
+
+def test_slots_bound_holders_serve_waiters_in_order_and_pass_on_a_cancelled_waiters_slot() -> None:
+    async def run() -> None:
+        slots = Slots(1)
+        await slots.acquire()
+        order: list[str] = []
+
+        async def take(name: str) -> None:
+            await slots.acquire()
+            order.append(name)
+
+        tasks = TaskSupervisor("slots-test")
+        first = tasks.spawn(take("first"), "first")
+        cancelled = tasks.spawn(take("cancelled"), "cancelled")
+        last = tasks.spawn(take("last"), "last")
+        await asyncio.sleep(0)  # each task ran up to its wait (no timing: one loop turn starts them all)
+        assert order == [] and slots.used == 1
+        cancelled.cancel()
+        slots.release()  # to "first"
+        await first
+        slots.release()  # "cancelled" is gone: to "last"
+        await last
+        assert order == ["first", "last"] and slots.used == 1
+        slots.release()
+        assert slots.used == 0
+        await tasks.close()
+
+    asyncio.run(run())

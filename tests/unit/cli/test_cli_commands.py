@@ -223,7 +223,7 @@ REPORT: dict[str, Any] = {
 
 def test_audit_csv_rows() -> None:
     rows = list(csv.reader(io.StringIO(audit_cli.render(REPORT, "csv"))))
-    assert rows[1] == ["acme", "GPU", "10", "10", "0", "0", "1.5", "", "9.0", "", "0", "2"]  # unknown is blank
+    assert rows[1] == ["acme", "GPU", "10", "10", "0", "0", "1.5", "unknown", "9.0", "unknown", "0", "2"]  # never 0
     assert rows[3] == ["old", "no policy", *[""] * 10]
     assert len(rows) == 4
 
@@ -231,7 +231,7 @@ def test_audit_csv_rows() -> None:
 def test_audit_table_lines() -> None:
     lines = audit_cli.render(REPORT, "table").splitlines()
     assert lines[0] == "policy version v9, generated 2026-12-01T12:00:00Z"
-    assert lines[2].split() == ["acme", "GPU", "10", "10", "0", "0", "1.5", "None", "9.0", "None", "0", "2"]
+    assert lines[2].split() == ["acme", "GPU", "10", "10", "0", "0", "1.5", "unknown", "9.0", "unknown", "0", "2"]
     assert ("source offload/0: 1 missing batches, 2 restarts (0 more presumed), 0 silences, 1 operator resets, "
             "clock offset not estimated yet") in lines
     assert "source offload/1: 0 missing batches, 0 restarts (1 more presumed), 3 silences, 0 operator resets, " \

@@ -113,5 +113,5 @@ def test_the_retention_table_skips_what_is_not_a_medium() -> None:
     }}
     rows = _rows(retention_table(audit))
     assert rows == [["acme", "CPU", "5", "2", "3", "1.500", "9.000", "1", "0"],
-                    ["zeta", "GPU", "1", "1", "0", "-", "-", "0", "0"]]
+                    ["zeta", "GPU", "1", "1", "0", "unknown", "unknown", "0", "0"]]
     assert _rows(retention_table({})) == []

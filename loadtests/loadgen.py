@@ -119,17 +119,19 @@ async def snapshot_at(when: float, snapshot: Callable[[], Snap]) -> Timed[Snap]:
 
 
 async def run_phase(
-    target: Target, concurrency: int, warmup_s: float, duration_s: float, spread_s: float,
+    target: Target | Sequence[Target], concurrency: int, warmup_s: float, duration_s: float, spread_s: float,
     snapshot: Callable[[], Snap],
 ) -> PhaseRun[Snap]:
-    """Run `concurrency` workers for warm-up + window; new requests stop at the window's end."""
+    """Run `concurrency` workers for warm-up + window; new requests stop at the window's end. With several
+    targets, worker i sends target i modulo their number (e.g. one prompt per stream)."""
+    targets = [target] if isinstance(target, Target) else list(target)
     samples: list[Sample] = []
     window_start = time.perf_counter() + warmup_s
     window_end = window_start + duration_s
     async with new_session(concurrency) as session, asyncio.TaskGroup() as group:
         for index in range(concurrency):
             delay_s = spread_s * index / concurrency
-            group.create_task(worker(session, target, delay_s, window_end, samples))
+            group.create_task(worker(session, targets[index % len(targets)], delay_s, window_end, samples))
         start = await snapshot_at(window_start, snapshot)
         end = await snapshot_at(window_end, snapshot)
     return PhaseRun(samples, start, end)

@@ -193,9 +193,11 @@ def wait_for_workers(server: ServerProcess, workers: int) -> None:
         time.sleep(0.1)  # polling the parent's log for its readiness line
 
 
-def request_body(config: Config) -> bytes:
+def request_body(config: Config, stream: int = 0) -> bytes:
+    """Each stream's prompt starts with its own number: the gateway's prefix affinity then spreads the streams
+    over every upstream of the pool (one shared prompt would pin them all to one upstream and measure it)."""
     return json.dumps({"model": "m", "max_tokens": config.tokens, "stream": True, "temperature": 0,
-                       "messages": [{"role": "user", "content": PROMPT}]}).encode()
+                       "messages": [{"role": "user", "content": f"stream {stream}. {PROMPT}"}]}).encode()
 
 
 # -- generators -----------------------------------------------------------------------------------------
@@ -213,13 +215,15 @@ class Generated:
 
 def start_generators(config: Config, url: str, key: str, streams: int, start_at: float,
                      work: Path) -> list[subprocess.Popen[bytes]]:
-    body = work / "body.json"
-    body.write_bytes(request_body(config))
     shares = [streams // config.clients + (index < streams % config.clients) for index in range(config.clients)]
     started = []
+    first_stream = 0
     for index, share in enumerate(shares):
         if share == 0:
             continue
+        body = work / f"bodies-{index}.jsonl"
+        body.write_bytes(b"\n".join(request_body(config, first_stream + n) for n in range(share)))
+        first_stream += share
         core = config.client_cores[index % len(config.client_cores)]
         argv = [sys.executable, "-m", "loadtests.workers_scaling", "generate", "--url", url, "--key", key,
                 "--body", str(body), "--streams", str(share), "--start-at", repr(start_at),
@@ -239,10 +243,10 @@ def generate_main(argv: Sequence[str]) -> int:
     parser.add_argument("--core", type=int, required=True)
     args = parser.parse_args(argv)
     os.sched_setaffinity(0, {args.core})
-    target = Target("gateway", args.url, {"content-type": "application/json", "authorization": f"Bearer {args.key}"},
-                    Path(args.body).read_bytes())
+    headers = {"content-type": "application/json", "authorization": f"Bearer {args.key}"}
+    targets = [Target("gateway", args.url, headers, body) for body in Path(args.body).read_bytes().splitlines()]
     time.sleep(max(0.0, args.start_at - time.time()))  # every generator starts at the same moment
-    run = uvloop.run(loadgen.run_phase(target, args.streams, args.warmup_s, args.duration_s,
+    run = uvloop.run(loadgen.run_phase(targets, args.streams, args.warmup_s, args.duration_s,
                                        min(1.0, args.warmup_s / 2), lambda: procstat.process_cpu_s(os.getpid())))
     stats = loadgen.summarize(run.samples, run.start.at, run.end.at)
     print(json.dumps(asdict(Generated(stats.completed, stats.errors, stats.window_s, stats.ttft_p50_ms,

@@ -26,7 +26,7 @@ from gateway.outcomes import Outcome
 from gateway.policy.loader import PolicySet
 from gateway.proxy.features import Admitted, Inbound
 from gateway.proxy.otel_metrics import OtelGenAIMetrics
-from gateway.proxy.record import Exchange, record
+from gateway.proxy.record import Exchange, RequestRecorder
 from gateway.routes import FORWARDED_KINDS, ROUTES, RouteSpec
 from gateway.settings import Settings, salt_secret_bytes
 from gateway.strict.request_fields import FieldRefused
@@ -45,6 +45,7 @@ class GatewayApp:
         self.role = role
         self.metrics = GatewayMetrics(registry or CollectorRegistry(), metrics_dir)
         self.genai = OtelGenAIMetrics(self.metrics.registry) if settings.otel_metrics else None
+        self.recorder = RequestRecorder(self.metrics)
         self._state: State | None = None
 
     @property
@@ -93,7 +94,7 @@ class GatewayApp:
             await self._internal_error(state, ex, error, tracked)
         finally:
             ex.duration_s = time.perf_counter() - ex.started
-            record(state.metrics, ex)
+            self.recorder.record(ex)
             state.features.finished(ex)
 
     async def _refuse(self, state: State, ex: Exchange, error: GatewayError, tracked: ResponseTracker) -> None:

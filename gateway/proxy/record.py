@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prometheus_client import Counter, Histogram
+
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import Outcome
@@ -11,6 +13,7 @@ from gateway.proxy.sse import Usage
 
 log = get_logger("gateway.request")
 NO_POOL = "none"
+MAX_SERIES = 4096  # cached (tenant, pool, route, status) children; cleared when full, so always bounded
 
 
 @dataclass
@@ -41,25 +44,71 @@ class Exchange:
     dropped_fields: tuple[str, ...] = ()  # engine-steering body fields removed by policy
 
 
-def record(metrics: GatewayMetrics, exchange: Exchange) -> None:
-    if exchange.tenant:
-        _record_tenant_metrics(metrics, exchange)
-    if exchange.pool != NO_POOL:
-        metrics.overhead.labels(exchange.route).observe(exchange.overhead_s)
-    _log_line(exchange)
+@dataclass(frozen=True, slots=True)
+class RequestSeries:
+    """The labelled children a tenant's (pool, route, status) writes to: looked up once, not per request
+    (prometheus_client's `labels()` validates and locks on every call, ~5 µs for the six of a request)."""
+
+    requests: Counter
+    duration: Histogram
+    ttft: Histogram
+    prompt_tokens: Counter
+    cached_prompt_tokens: Counter
 
 
-def _record_tenant_metrics(metrics: GatewayMetrics, exchange: Exchange) -> None:
-    tenant, pool, route = exchange.tenant, exchange.pool, exchange.route
-    metrics.requests.labels(tenant, pool, route, str(exchange.status)).inc()
-    metrics.duration.labels(tenant, pool, route).observe(exchange.duration_s)
+class RequestRecorder:
+    """The last stage of every request: its metrics and its log line. Holds a bounded cache of labelled children;
+    children are never removed from the metrics, so a cached one is always the one `labels()` would return."""
+
+    def __init__(self, metrics: GatewayMetrics, max_series: int = MAX_SERIES) -> None:
+        self.metrics = metrics
+        self.max_series = max_series
+        self._series: dict[tuple[str, str, str, int], RequestSeries] = {}
+        self._overhead: dict[str, Histogram] = {}  # by route
+
+    def record(self, exchange: Exchange) -> None:
+        if exchange.tenant:
+            series = self.series(exchange.tenant, exchange.pool, exchange.route, exchange.status)
+            _record_tenant_metrics(self.metrics, series, exchange)
+        if exchange.pool != NO_POOL:
+            self.overhead(exchange.route).observe(exchange.overhead_s)
+        _log_line(exchange)
+
+    def overhead(self, route: str) -> Histogram:
+        found = self._overhead.get(route)
+        if found is None:
+            if len(self._overhead) >= self.max_series:
+                self._overhead.clear()
+            found = self._overhead[route] = self.metrics.overhead.labels(route)
+        return found
+
+    def series(self, tenant: str, pool: str, route: str, status: int) -> RequestSeries:
+        key = (tenant, pool, route, status)
+        found = self._series.get(key)
+        if found is None:
+            if len(self._series) >= self.max_series:
+                self._series.clear()
+            found = self._series[key] = self._children(tenant, pool, route, status)
+        return found
+
+    def _children(self, tenant: str, pool: str, route: str, status: int) -> RequestSeries:
+        metrics = self.metrics
+        return RequestSeries(
+            metrics.requests.labels(tenant, pool, route, str(status)), metrics.duration.labels(tenant, pool, route),
+            metrics.ttft.labels(tenant, pool, route), metrics.prompt_tokens.labels(tenant, pool),
+            metrics.cached_prompt_tokens.labels(tenant, pool))
+
+
+def _record_tenant_metrics(metrics: GatewayMetrics, series: RequestSeries, exchange: Exchange) -> None:
+    series.requests.inc()
+    series.duration.observe(exchange.duration_s)
     if exchange.ttft_s is not None:
-        metrics.ttft.labels(tenant, pool, route).observe(exchange.ttft_s)
+        series.ttft.observe(exchange.ttft_s)
     for name in exchange.dropped_fields:
-        metrics.engine_fields.labels(tenant, name, "dropped").inc()
+        metrics.engine_fields.labels(exchange.tenant, name, "dropped").inc()
     if exchange.usage is not None:
-        metrics.prompt_tokens.labels(tenant, pool).inc(exchange.usage.prompt_tokens)
-        metrics.cached_prompt_tokens.labels(tenant, pool).inc(exchange.usage.cached_tokens)
+        series.prompt_tokens.inc(exchange.usage.prompt_tokens)
+        series.cached_prompt_tokens.inc(exchange.usage.cached_tokens)
 
 
 def _log_line(exchange: Exchange) -> None:

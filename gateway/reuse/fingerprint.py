@@ -12,9 +12,11 @@ characters; `chars_per_token` is the tenant's observed ratio, so a chunk is abou
 
 from __future__ import annotations
 
+import array
 import hashlib
 import hmac
 import struct
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,13 +50,13 @@ class PromptParts:
         if self.ids is not None:
             return self.ids[:units]
         pieces: list[str] = []
-        length = 0
-        for text in self.texts:
-            pieces.append(text)
-            length += len(text)
-            if length >= units:
+        left = units
+        for text in self.texts:  # a slice of the piece that reaches `units`: a long prompt is not copied whole
+            pieces.append(text if len(text) <= left else text[:left])
+            left -= len(pieces[-1])
+            if left <= 0:
                 break
-        return "".join(pieces)[:units]
+        return "".join(pieces)
 
     def whole(self) -> str | list[int]:
         return self.ids if self.ids is not None else "".join(self.texts)
@@ -121,9 +123,14 @@ def _ids_bytes(ids: list[int]) -> bytes:
     """Token ids as 4-byte little-endian words (8 bytes each when any id needs more than 32 bits; an item that is
     not a token id at all becomes 2**64 - 1, so it matches nothing a real prompt has)."""
     try:
-        return struct.pack(f"<{len(ids)}I", *ids)
-    except struct.error:
+        words = array.array("I", ids)  # C unsigned int: 4 bytes on every platform CPython supports
+    except (TypeError, OverflowError):  # an id over 32 bits, negative, or not an integer
         return struct.pack(f"<{len(ids)}Q", *[_id_word(item) for item in ids])
+    if words.itemsize != 4:
+        return struct.pack(f"<{len(ids)}I", *ids)
+    if sys.byteorder != "little":
+        words.byteswap()
+    return words.tobytes()
 
 
 def _id_word(item: object) -> int:

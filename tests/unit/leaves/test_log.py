@@ -8,11 +8,12 @@ import json
 import subprocess
 import sys
 import textwrap
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from gateway.log import stack_frames
+from gateway.log import UtcIsoStamper, stack_frames
 
 SECRET = "PROMPT-TEXT-kvg_secretkey-salt"  # stands for anything that must never reach a log line
 
@@ -108,3 +109,21 @@ def test_stack_frames_name_file_line_and_function() -> None:
     assert frames[-1].startswith(__file__ + ":") and frames[-1].endswith(" in inner")
     assert all(SECRET not in frame for frame in frames)
     assert stack_frames(None) == []
+
+
+@pytest.mark.parametrize("nanos", [
+    0, 1_000, 999_999_999, 1_764_613_805_000_000_000, 1_764_613_805_000_000_999, 1_764_613_805_123_456_789,
+    1_764_613_806_000_001_000,
+])
+def test_the_cached_stamp_is_the_text_structlogs_iso_utc_stamper_writes(nanos: int) -> None:
+    expected = datetime.fromtimestamp(nanos // 1000 / 1e6, tz=UTC).isoformat().replace("+00:00", "Z")
+    assert UtcIsoStamper(lambda: nanos)(None, "info", {})["timestamp"] == expected
+
+
+def test_the_stamp_follows_the_clock_across_seconds() -> None:
+    now = [1_764_613_805_999_999_000]
+    stamper = UtcIsoStamper(lambda: now[0])
+    first = stamper(None, "info", {})["timestamp"]
+    now[0] += 2_000
+    assert (first, stamper(None, "info", {})["timestamp"]) == (
+        "2025-12-01T18:30:05.999999Z", "2025-12-01T18:30:06.000001Z")

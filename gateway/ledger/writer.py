@@ -104,6 +104,9 @@ class BatchWriter:
                 await self._flush_side_records()
                 while self._pending:
                     await self._flush_some()
+                    # A gap (or salt) recorded while that chunk was being written precedes the batches queued
+                    # after it: written now, so no report shows those batches without the gap before them.
+                    await self._flush_side_records()
             except Exception as error:  # no store error may end ingestion: logged, counted, kept, retried
                 self._failed(error)
                 return False

@@ -30,7 +30,7 @@ fi
 # statements. The floor is 91: one point below, for run-to-run variation in what the subprocess servers reach.
 # Raise it as coverage rises; never lower it. A run narrowed by arguments (`bash scripts/test.sh tests/unit`)
 # skips the floor.
-COVERAGE_FLOOR=91
+COVERAGE_FLOOR=95  # the whole suite measured 96.99 % on 2026-12-01 (clean clone)
 coverage_args=()
 if [ "$#" -eq 0 ]; then
   coverage_args=(--cov=gateway --cov-report=term:skip-covered --cov-fail-under="$COVERAGE_FLOOR")

@@ -44,16 +44,21 @@ class Exchange:
     dropped_fields: tuple[str, ...] = ()  # engine-steering body fields removed by policy
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestSeries:
     """The labelled children a tenant's (pool, route, status) writes to: looked up once, not per request
-    (prometheus_client's `labels()` validates and locks on every call, ~5 µs for the six of a request)."""
+    (prometheus_client's `labels()` validates and locks on every call, ~5 µs for the six of a request). The
+    TTFT and token children are created on their first observation, as `labels()` alone would: a child that
+    exists is an exported series, and one that was never observed must not appear."""
 
+    tenant: str
+    pool: str
+    route: str
     requests: Counter
     duration: Histogram
-    ttft: Histogram
-    prompt_tokens: Counter
-    cached_prompt_tokens: Counter
+    ttft: Histogram | None = None
+    prompt_tokens: Counter | None = None
+    cached_prompt_tokens: Counter | None = None
 
 
 class RequestRecorder:
@@ -93,20 +98,23 @@ class RequestRecorder:
 
     def _children(self, tenant: str, pool: str, route: str, status: int) -> RequestSeries:
         metrics = self.metrics
-        return RequestSeries(
-            metrics.requests.labels(tenant, pool, route, str(status)), metrics.duration.labels(tenant, pool, route),
-            metrics.ttft.labels(tenant, pool, route), metrics.prompt_tokens.labels(tenant, pool),
-            metrics.cached_prompt_tokens.labels(tenant, pool))
+        return RequestSeries(tenant, pool, route, metrics.requests.labels(tenant, pool, route, str(status)),
+                             metrics.duration.labels(tenant, pool, route))
 
 
 def _record_tenant_metrics(metrics: GatewayMetrics, series: RequestSeries, exchange: Exchange) -> None:
     series.requests.inc()
     series.duration.observe(exchange.duration_s)
     if exchange.ttft_s is not None:
+        if series.ttft is None:
+            series.ttft = metrics.ttft.labels(series.tenant, series.pool, series.route)
         series.ttft.observe(exchange.ttft_s)
     for name in exchange.dropped_fields:
         metrics.engine_fields.labels(exchange.tenant, name, "dropped").inc()
     if exchange.usage is not None:
+        if series.prompt_tokens is None or series.cached_prompt_tokens is None:
+            series.prompt_tokens = metrics.prompt_tokens.labels(series.tenant, series.pool)
+            series.cached_prompt_tokens = metrics.cached_prompt_tokens.labels(series.tenant, series.pool)
         series.prompt_tokens.inc(exchange.usage.prompt_tokens)
         series.cached_prompt_tokens.inc(exchange.usage.cached_tokens)
 

@@ -51,3 +51,21 @@ def test_a_request_without_a_tenant_writes_no_tenant_series() -> None:
     recorder.record(exchange("", status=401, pool=NO_POOL))
     assert requests(registry, "", "401", NO_POOL) is None
     assert registry.get_sample_value("kvgate_overhead_seconds_count", {"route": "chat"}) is None
+
+
+def test_series_never_observed_are_not_exported() -> None:
+    """A tenant whose requests carry no TTFT and no usage (a metrics scrape, a refused request) gets a request
+    count and a duration, and no TTFT or token series: a child that exists is exported, even at zero."""
+    registry = CollectorRegistry()
+    recorder = RequestRecorder(GatewayMetrics(registry))
+    plain = Exchange("req", "chat", 0.0, tenant="ops", pool="main", status=200, overhead_s=0.001, duration_s=0.1)
+    recorder.record(plain)
+    recorder.record(plain)
+    assert requests(registry, "ops") == 2.0
+    labels = {"tenant": "ops", "pool": "main"}
+    assert registry.get_sample_value("kvgate_ttft_seconds_count", {**labels, "route": "chat"}) is None
+    assert registry.get_sample_value("kvgate_prompt_tokens_total", labels) is None
+    assert registry.get_sample_value("kvgate_cached_prompt_tokens_total", labels) is None
+    recorder.record(exchange("ops"))  # the first observation creates them, in the same series labels() names
+    assert registry.get_sample_value("kvgate_ttft_seconds_count", {**labels, "route": "chat"}) == 1.0
+    assert registry.get_sample_value("kvgate_prompt_tokens_total", labels) == 10.0

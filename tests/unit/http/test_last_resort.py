@@ -2,120 +2,39 @@
 counted `kvgate_internal_errors_total`, and one JSON log line with the error class and the stack.
 
 Every failure a client or a store can cause from outside is answered with its own 4xx/503 (tests/gateway), so
-the unforeseen one is planted here: the real gateway application, started through its ASGI lifespan, has its
-shared SQLite store closed under it (a store used after close, the kind of ordering bug the handler exists for).
-The test plays the ASGI server, as uvicorn would.
+the unforeseen one is planted: the real gateway application, started through its ASGI lifespan, has its shared
+SQLite store closed under it (a store used after close, the kind of ordering bug the handler exists for). It runs
+in a child interpreter (tests/unit/http/last_resort_child.py) because logging is configured process-wide.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import MutableMapping
+import os
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
 
-import pytest
-import structlog
-from pydantic import SecretStr
-
-from gateway.http.app import GatewayApp
-from gateway.log import configure_logging
-from gateway.settings import Settings
-from gateway.tasks import TaskSupervisor
 from tests.gateway.conftest import UPSTREAM_KEY, UPSTREAM_KEY_ENV, standard_policy
-from tests.salt_vectors import GATEWAY_SECRET
-
-Message = MutableMapping[str, Any]
 
 
-class Lifespan:
-    """Drives the app's lifespan: start-up, then shutdown when `stop` is called."""
-
-    def __init__(self, app: GatewayApp) -> None:
-        self.app = app
-        self.sent: list[Message] = []
-        self._inbox: asyncio.Queue[Message] = asyncio.Queue()
-        self._tasks = TaskSupervisor("lifespan-test")
-
-    async def receive(self) -> Message:
-        return await self._inbox.get()
-
-    async def send(self, message: Message) -> None:
-        self.sent.append(message)
-
-    async def start(self) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = self._tasks.spawn(self.app({"type": "lifespan"}, self.receive, self.send),
-                                                     "lifespan")
-        await self._inbox.put({"type": "lifespan.startup"})
-        while not self.sent and not task.done():
-            await asyncio.sleep(0.01)  # the start-up message is the observable event; this only yields
-        assert self.sent and self.sent[0]["type"] == "lifespan.startup.complete", self.sent
-        return task
-
-    async def stop(self, task: asyncio.Task[None]) -> None:
-        await self._inbox.put({"type": "lifespan.shutdown"})
-        await task
-
-
-async def get(app: GatewayApp, path: str, key: str) -> list[Message]:
-    sent: list[Message] = []
-    delivered = False
-
-    async def receive() -> Message:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": b"", "more_body": False}
-        await asyncio.Event().wait()  # the client never goes away
-        return {"type": "http.disconnect"}
-
-    async def send(message: Message) -> None:
-        sent.append(message)
-
-    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": [(b"authorization", f"Bearer {key}".encode())], "client": ("127.0.0.1", 50000),
-             "server": ("127.0.0.1", 8080), "scheme": "http", "http_version": "1.1"}
-    await app(scope, receive, send)
-    return sent
-
-
-def test_an_unforeseen_failure_is_an_openai_shaped_500_counted_and_logged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_an_unforeseen_failure_is_an_openai_shaped_500_counted_and_logged(tmp_path: Path) -> None:
     policy = standard_policy(tmp_path / "policies", "http://127.0.0.1:9")  # no upstream is contacted
     policy.write()
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    settings = Settings(policies=policy.root, salt_secret=SecretStr(GATEWAY_SECRET),
-                        state_path=tmp_path / "state.sqlite3", reuse_trace=False)
-    configure_logging("json", "info")  # bound to the captured stderr of this test
-    try:
-        sent = asyncio.run(_shadow_report_after_the_store_closed(GatewayApp(settings), policy.keys["root"]))
-        logged = capsys.readouterr().err
-    finally:
-        structlog.reset_defaults()
-    start, body = sent[0], b"".join(message.get("body", b"") for message in sent[1:])
-    headers = dict(start["headers"])
-    assert start["status"] == 500
-    error = json.loads(body)["error"]
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.unit.http.last_resort_child", str(policy.root), str(tmp_path / "state.sqlite3"),
+         policy.keys["root"]],
+        capture_output=True, text=True, timeout=120, env={**os.environ, UPSTREAM_KEY_ENV: UPSTREAM_KEY},
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    answer = json.loads(child.stdout.strip().splitlines()[-1])
+    assert answer["status"] == 500
+    error = json.loads(answer["body"])["error"]
     assert (error["type"], error["code"]) == ("internal_error", "internal_error")
     assert "SQLite" not in error["message"] and "closed" not in error["message"]  # no internals to the client
-    request_id = headers[b"x-request-id"].decode()
-    lines = [json.loads(line) for line in logged.splitlines() if line.startswith("{")]
+    request_id = answer["headers"]["x-request-id"]
+    lines = [json.loads(line) for line in child.stderr.splitlines() if line.startswith("{")]
     mine = [line for line in lines if line.get("request_id") == request_id]
     assert len(mine) == 1
     assert (mine[0]["status"], mine[0]["outcome"], mine[0]["error"]) == (500, "internal_error", "RuntimeError")
     assert mine[0]["stack"]
-
-
-async def _shadow_report_after_the_store_closed(app: GatewayApp, admin_key: str) -> list[Message]:
-    lifespan = Lifespan(app)
-    task = await lifespan.start()
-    try:
-        await app.state.storage.close()
-        sent = await get(app, "/admin/shadow", admin_key)
-        counted = app.metrics.registry.get_sample_value("kvgate_internal_errors_total", {"route": "/admin/shadow"})
-        assert counted == 1.0
-        return sent
-    finally:
-        await lifespan.stop(task)

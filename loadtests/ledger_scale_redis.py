@@ -33,41 +33,11 @@ from typing import Any
 import redis
 
 from gateway.devtools.localproc import free_port
-from gateway.ledger.audit import collect_audit
-from gateway.ledger.base import LedgerStore
 from gateway.ledger.config import MIN_COMPACT_AFTER_S
 from gateway.ledger.records import BatchOps, CloseOp, Op, OpenOp
 from gateway.ledger.redis_store import RedisStore
-from gateway.policy.loader import PolicySet, load_policy_set
-from gateway.tasks import TaskSupervisor
-from loadtests.ledger_scale import SOURCES, TENANTS, TICK_S, Timing
-
-
-async def time_audits(label: str, store: LedgerStore, policies: PolicySet, calls: int) -> Timing:
-    """`collect_audit` (what `/admin/audit` runs) `calls` times in a row, with a ticker on the same loop."""
-    lag = [0.0]
-    stop = asyncio.Event()
-
-    async def ticker() -> None:
-        while not stop.is_set():
-            expected = time.perf_counter() + TICK_S
-            await asyncio.sleep(TICK_S)
-            lag[0] = max(lag[0], time.perf_counter() - expected)
-
-    tasks = TaskSupervisor("ledger-scale")
-    tasks.spawn(ticker(), "loop-lag-probe")
-    durations = []
-    for _call in range(calls):
-        start = time.perf_counter()
-        await collect_audit(store, policies, None, None)
-        durations.append(time.perf_counter() - start)
-    stop.set()
-    await tasks.drain()
-    durations.sort()
-    return Timing(label, calls, 1000 * durations[len(durations) // 2],
-                  1000 * durations[min(len(durations) - 1, int(0.99 * len(durations)))], 1000 * durations[-1],
-                  1000 * lag[0])
-
+from gateway.policy.loader import load_policy_set
+from loadtests.ledger_scale import SOURCES, TENANTS, time_audits
 
 STREAM_BATCH_OPS = 5_000
 RESIDENT_EVERY = 50  # one block in this many is never removed

@@ -9,10 +9,9 @@ import hashlib
 import hmac
 import json
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ from gateway.policy.loader import PolicySet, load_policy_set
 from gateway.policy.model import PoolConfig
 from gateway.tasks import TaskSupervisor
 from tests.harness import PolicyDir
-from tests.unit.loopback import serving
+from tests.unit.loopback import serving, serving_in_thread
 
 SECRET = b"canary-test-secret-0123456789abcdef"
 
@@ -270,15 +269,8 @@ def gateway() -> Iterator[tuple[str, AdminAnswer]]:
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet."""
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", answer
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving_in_thread(Handler) as url:
+        yield url, answer
 
 
 def _outcome(result: str, upstream: str = "http://u") -> dict[str, Any]:

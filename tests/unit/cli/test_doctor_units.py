@@ -4,9 +4,8 @@ failure policy are read, or said to be unknown, and the advice that follows."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from gateway.cli.doctor import examine
 from gateway.cli.main import main
 from gateway.policy.model import PoolConfig
 from tests.harness import PolicyDir
+from tests.unit.loopback import serving_in_thread
 
 Routes = dict[str, tuple[int, str]]
 INFO = ('# TYPE vllm:cache_config_info gauge\n'
@@ -41,15 +41,8 @@ def upstream() -> Iterator[tuple[str, Routes]]:
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet."""
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", routes
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving_in_thread(Handler) as url:
+        yield url, routes
 
 
 def _examine(url: str, routes: Routes, answers: Routes, log: Path | None = None, **pool: Any) -> Any:

@@ -63,6 +63,14 @@ def _errors(ledger: Running, kind: str) -> Callable[[], Awaitable[float]]:
     return probe
 
 
+async def _caught_up_and_writing(publisher: VllmPublisher, backend: Backend, ledger: Running) -> None:
+    """After the fault: the six batches sent before and during it are all stored, and the writer keeps going."""
+    await eventually(_in_store(backend), lambda seen: seen == (18, 6))
+    _publish(publisher, 9000, 1)
+    await eventually(_in_store(backend), lambda seen: seen == (21, 7))
+    assert _writer_alive(ledger)
+
+
 def _writer_alive(ledger: Running) -> bool:
     """The writer handled the fault itself: still running, never restarted by the supervisor."""
     tasks = ledger.service.runner.running
@@ -87,10 +95,7 @@ def test_a_sqlite_lock_held_past_busy_timeout_is_retried(tmp_path: Path, publish
             finally:
                 holder.execute("ROLLBACK")
                 holder.close()
-            await eventually(_in_store(backend), lambda seen: seen == (18, 6))
-            _publish(publisher, 9000, 1)  # and the writer keeps going
-            await eventually(_in_store(backend), lambda seen: seen == (21, 7))
-            assert _writer_alive(ledger)
+            await _caught_up_and_writing(publisher, backend, ledger)
             assert ledger.sample("kvgate_kv_event_gaps_total", source="offload/0") == 0
 
     asyncio.run(scenario())
@@ -115,10 +120,7 @@ def test_redis_read_only_replica_then_primary_again(
                 assert _writer_alive(ledger)
             finally:
                 admin.replicaof("NO", "ONE")
-            await eventually(_in_store(backend), lambda seen: seen == (18, 6))
-            _publish(publisher, 9000, 1)
-            await eventually(_in_store(backend), lambda seen: seen == (21, 7))
-            assert _writer_alive(ledger)
+            await _caught_up_and_writing(publisher, backend, ledger)
 
     try:
         asyncio.run(scenario())
@@ -143,10 +145,7 @@ def test_redis_at_maxmemory_is_retried(tmp_path: Path, publisher: VllmPublisher)
             await eventually(_errors(ledger, "OutOfMemoryError"), lambda count: count >= 2)
             assert _writer_alive(ledger)
             admin.config_set("maxmemory", "0")
-            await eventually(_in_store(backend), lambda seen: seen == (18, 6))
-            _publish(publisher, 9000, 1)
-            await eventually(_in_store(backend), lambda seen: seen == (21, 7))
-            assert _writer_alive(ledger)
+            await _caught_up_and_writing(publisher, backend, ledger)
 
     try:
         asyncio.run(scenario())
@@ -173,10 +172,7 @@ def test_redis_sigkilled_mid_stream_and_restarted(tmp_path: Path, publisher: Vll
                 await ledger.audit()
             assert refused.value.status_code == 503
             restarted.start()
-            await eventually(_in_store(backend), lambda seen: seen == (18, 6))
-            _publish(publisher, 9000, 1)
-            await eventually(_in_store(backend), lambda seen: seen == (21, 7))
-            assert _writer_alive(ledger)
+            await _caught_up_and_writing(publisher, backend, ledger)
 
     try:
         asyncio.run(scenario())

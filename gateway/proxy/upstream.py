@@ -107,7 +107,7 @@ class BaseUrl:
 def parse_base_url(base_url: str) -> BaseUrl:
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or parts.hostname is None:
-        raise UpstreamConnectError(f"unsupported upstream URL {parts.scheme!r}")
+        raise UpstreamConnectError(f"unsupported upstream URL scheme {parts.scheme!r}")
     port = parts.port or (443 if parts.scheme == "https" else 80)
     host_header = parts.netloc.rpartition("@")[2]  # never credentials in the Host header
     return BaseUrl(Origin(parts.scheme, parts.hostname, port, host_header), parts.path.rstrip("/"))
@@ -119,10 +119,9 @@ def encode_head(method: str, origin: Origin, target: str, headers: dict[str, str
     if body is not None:
         lines.append(f"content-length: {len(body)}")
     lines += [f"{name}: {value}" for name, value in headers.items() if name.lower() not in FRAMING_HEADERS]
-    text = "\r\n".join(lines)
-    if "\n" in text.replace("\r\n", "") or "\r" in text.replace("\r\n", ""):
+    if any("\r" in line or "\n" in line for line in lines):  # a CRLF inside one value would start a new header
         raise UpstreamTransportError("a request header contains a line break")
-    return (text + "\r\n\r\n").encode("latin-1")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 # -- one connection -------------------------------------------------------------------------------------

@@ -19,11 +19,11 @@ from urllib.parse import urlsplit
 import httptools
 
 from gateway.proxy.sse import StreamWatch
+from gateway.proxy.upstream import Origin, UpstreamConnectError, UpstreamTransportError, encode_head, parse_base_url
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a shadow answer larger than this is abandoned, not buffered
 MAX_IDLE_PER_ORIGIN = 64
 MAX_TARGETS_CACHED = 1024
-FRAMING_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})  # set here, not copied
 
 
 class ShadowTransportError(Exception):
@@ -58,20 +58,23 @@ class ShadowAnswer:
 
 
 def parse_target(url: str) -> Target:
+    """The relay's URL rules (`gateway.proxy.upstream.parse_base_url`: http/https only, never credentials in the
+    Host header), plus the path and query this one request goes to."""
+    try:
+        origin = parse_base_url(url).origin
+    except UpstreamConnectError as error:
+        raise ShadowTransportError(str(error)) from None
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or parts.hostname is None:
-        raise ShadowTransportError(f"unsupported upstream URL scheme {parts.scheme!r}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return Target(parts.scheme, parts.hostname, port, path, parts.netloc)
+    return Target(origin.scheme, origin.host, origin.port, path, origin.host_header)
 
 
 def encode_request(target: Target, headers: dict[str, str], body: bytes) -> bytes:
-    lines = [f"POST {target.path} HTTP/1.1", f"host: {target.host_header}", f"content-length: {len(body)}"]
-    lines += [f"{name}: {value}" for name, value in headers.items() if name.lower() not in FRAMING_HEADERS]
-    if any("\r" in line or "\n" in line for line in lines):
-        raise ShadowTransportError("a request header contains a line break")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    origin = Origin(target.scheme, target.host, target.port, target.host_header)
+    try:
+        return encode_head("POST", origin, target.path, headers, body) + body
+    except UpstreamTransportError as error:
+        raise ShadowTransportError(str(error)) from None
 
 
 @dataclass

@@ -27,7 +27,7 @@ import aiohttp
 import msgspec
 
 from gateway.asgi.io import Scope
-from gateway.errors import GatewayError
+from gateway.errors import ServiceUnavailable
 from gateway.ledger.records import SaltDigestEntry
 from gateway.ledger.service import LedgerService
 from gateway.log import get_logger
@@ -68,9 +68,8 @@ class WorkerRole:
             os.kill(self.parent_pid, signal.SIGHUP)
 
 
-class IngesterUnavailable(GatewayError):
-    status_code = 503
-    error_type = "service_unavailable"
+class IngesterUnavailable(ServiceUnavailable):
+    """The ingesting worker (restarting, or not answering) cannot answer a forwarded audit or canary now."""
 
 
 class IngesterClient:

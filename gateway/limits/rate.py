@@ -76,8 +76,10 @@ class LocalRateLimiter:
 class RedisRateLimiter:
     """GCRA shared by every replica through Redis; the local limiter answers while Redis is unreachable."""
 
-    def __init__(self, client: aioredis.Redis, fallback: LocalRateLimiter, on_fallback: Callable[[], None]) -> None:
+    def __init__(self, client: aioredis.Redis, fallback: LocalRateLimiter, on_fallback: Callable[[], None],
+                 timeout_s: float = REDIS_TIMEOUT_S) -> None:
         self._script = client.register_script(GCRA_LUA)
+        self._timeout_s = timeout_s
         self._fallback = fallback
         self._on_fallback = on_fallback  # counts requests the local limiter judged because Redis did not answer
         self._down = False
@@ -85,7 +87,7 @@ class RedisRateLimiter:
     async def acquire(self, tenant: str, per_minute: int) -> float | None:
         interval, tolerance = gcra_parameters(per_minute)
         try:
-            async with asyncio.timeout(REDIS_TIMEOUT_S):
+            async with asyncio.timeout(self._timeout_s):
                 answer = await self._script(keys=[f"{REDIS_PREFIX}:{tenant}"], args=[interval, tolerance])
         except (RedisError, OSError, TimeoutError) as error:
             self._on_fallback()

@@ -236,8 +236,10 @@ def test_replicas_share_one_bucket_through_redis(redis_server: RedisProcess) -> 
         fallbacks: list[int] = []
         client = aioredis.Redis.from_url(redis_server.url)
         await client.delete(f"{REDIS_PREFIX}:shared")
-        one = RedisRateLimiter(client, LocalRateLimiter(), lambda: fallbacks.append(1))
-        other = RedisRateLimiter(client, LocalRateLimiter(), lambda: fallbacks.append(1))
+        # A generous timeout: this test is about one shared bucket, and a loaded machine may take longer than
+        # the production 0.25 s for the first call (connection and script load); that fallback has its own test.
+        one = RedisRateLimiter(client, LocalRateLimiter(), lambda: fallbacks.append(1), timeout_s=30.0)
+        other = RedisRateLimiter(client, LocalRateLimiter(), lambda: fallbacks.append(1), timeout_s=30.0)
         answers = [await limiter.acquire("shared", 3) for limiter in (one, other, one, other)]
         assert answers[:3] == [None, None, None]
         assert answers[3] is not None and 0 < answers[3] <= 20.0

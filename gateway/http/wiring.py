@@ -26,7 +26,7 @@ from gateway.policy.loader import PolicyLoadError, PolicySet, load_policy_set
 from gateway.policy.reloader import PolicyHolder
 from gateway.proxy.balance import UpstreamHealth
 from gateway.proxy.features import Features, RequestFeature
-from gateway.proxy.forward import Proxy
+from gateway.proxy.forward import Proxy, ProxyOptions
 from gateway.proxy.misspath import MissPath
 from gateway.proxy.otel_metrics import OtelFeature, OtelGenAIMetrics
 from gateway.proxy.shape import JsonLimits
@@ -104,8 +104,10 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants),
              features=[feature.name for feature in features.all])
     relay = UpstreamClient(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
+    options = ProxyOptions(JsonLimits(settings.json_max_depth, settings.json_max_items), settings.body_timeout_s,
+                           metrics.client_stalls)
     proxy = Proxy(relay, secret, health, features, MissPath(session, secret, metrics, ledger.remember_user_salt),
-                  JsonLimits(settings.json_max_depth, settings.json_max_items), settings.body_timeout_s)
+                  options)
     canary = _canary(session, secret, metrics, holder, tasks, scheduled=ingests)
     limits = RequestLimits(settings.max_in_flight, open_rate_limiter(storage, metrics.rate_limit_fallbacks.inc),
                            metrics)

@@ -13,12 +13,15 @@ import time
 from dataclasses import dataclass
 
 import msgspec
+from prometheus_client import Counter
 
+from gateway.asgi.direct import DirectBody, direct_body
 from gateway.asgi.disconnect import DisconnectGuard
 from gateway.asgi.io import (
     JSON_TYPE,
     Receive,
     Scope,
+    Send,
     header,
     read_body,
     send_body,
@@ -65,17 +68,24 @@ class Relaying:
     client: Inbound
 
 
+@dataclass(frozen=True)
+class ProxyOptions:
+    json_limits: JsonLimits = DEFAULT_JSON_LIMITS
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    client_stalls: Counter | None = None  # by tenant: streams that waited for a slow client (kvgate_client_stalls)
+
+
 class Proxy:
     def __init__(self, client: UpstreamClient, salt_secret: bytes, health: UpstreamHealth,
-                 features: Features, miss_path: MissPath | None = None,
-                 json_limits: JsonLimits = DEFAULT_JSON_LIMITS, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
+                 features: Features, miss_path: MissPath | None = None, options: ProxyOptions = ProxyOptions()) -> None:
         self.client = client
         self.salt_secret = salt_secret
         self.health = health
         self.features = features
         self.miss_path = miss_path
-        self.json_limits = json_limits
-        self.body_timeout_s = body_timeout_s
+        self.json_limits = options.json_limits
+        self.body_timeout_s = options.body_timeout_s
+        self.client_stalls = options.client_stalls
 
     async def forward(self, ex: Exchange, admitted: Admitted, inbound: Inbound) -> None:
         finishes: list[Finish] = []
@@ -313,17 +323,17 @@ class Proxy:
         ex, send = relaying.ex, relaying.client.send
         await send(start_message(200, self._headers(ex, response, time.perf_counter())))
         watch = StreamWatch(prepared.strip_usage)
+        direct = direct_body(relaying.client.scope)
         try:
             for chunk in preread:  # held back by the miss path until the stream showed content
                 await self._pass_chunk(relaying, watch, chunk)
-            while chunk := await response.next_chunk():  # everything that arrived since the last wake-up
-                forward, first = watch.feed(chunk)
-                if first:
-                    ex.ttft_s = time.perf_counter() - ex.started
-                if forward:
-                    await send({"type": "http.response.body", "body": forward, "more_body": True})
-                if ex.capture is not None:
-                    ex.capture += chunk
+            if direct is not None and direct.usable():
+                stalls = self.client_stalls.labels(ex.tenant) if self.client_stalls is not None else None
+                relay = DirectRelay(ex, watch, direct, send, stalls)
+                await response.pump(relay.take, relay.drain)
+            else:
+                while chunk := await response.next_chunk():  # everything that arrived since the last wake-up
+                    await self._pass_chunk(relaying, watch, chunk)
             tail = watch.flush()
         except STREAM_FAILURES as error:
             ex.outcome = Outcome.UPSTREAM_FAILED_MID_STREAM
@@ -364,6 +374,34 @@ class Proxy:
         ex.status = status
         headers = [(b"content-type", JSON_TYPE), *self._headers(ex, response, received)[1:]]
         await send_body(relaying.client.send, status, msgspec.json.encode(body), headers)
+
+
+@dataclass
+class DirectRelay:
+    """A stream's chunks, passed on from the upstream connection's read callback straight onto the client's
+    connection (gateway/asgi/direct.py): the same watch, TTFT and capture as the ASGI path, with no task wake-up
+    and no ASGI message per read."""
+
+    ex: Exchange
+    watch: StreamWatch
+    body: DirectBody
+    send: Send
+    stalls: Counter | None  # the tenant's kvgate_client_stalls child
+
+    def take(self, chunk: bytes) -> bool:
+        forward, first = self.watch.feed(chunk)
+        ex = self.ex
+        if first:
+            ex.ttft_s = time.perf_counter() - ex.started
+        if ex.capture is not None:
+            ex.capture += chunk
+        return self.body.write(forward) if forward else True
+
+    async def drain(self) -> None:
+        """Returns once the client's side has room again (uvicorn's `send` waits for that before writing)."""
+        if self.stalls is not None:
+            self.stalls.inc()
+        await self.send({"type": "http.response.body", "body": b"", "more_body": True})
 
 
 def content_encoding(response: UpstreamResponse) -> str:

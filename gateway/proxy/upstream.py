@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import cast
@@ -124,6 +124,9 @@ def encode_head(method: str, origin: Origin, target: str, headers: dict[str, str
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+Sink = Callable[[bytes], bool]  # takes body bytes as they arrive; False: stop reading until drained
+
+
 # -- one connection -------------------------------------------------------------------------------------
 
 
@@ -152,6 +155,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last_read = self._wait_since = self.loop.time()
+        self._sink: Sink | None = None  # set while `pump` hands the body on from the read callback
+        self._sink_error: Exception | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------------------------------
 
@@ -197,6 +202,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self._sink is not None:
+            self._pass_on(self._sink, body)
+            return
         self._body.append(body)
         self._buffered += len(body)
         if self._buffered > PAUSE_AT_BYTES and not self._paused and self.transport is not None:
@@ -206,6 +214,16 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._finish(self._parser.should_keep_alive())
+
+    def _pass_on(self, sink: Sink, body: bytes) -> None:
+        try:
+            keep_reading = sink(body)
+        except Exception as error:  # raised to the relay, not into httptools (which would call it malformed HTTP)
+            self._sink_error, keep_reading = error, False
+        if not keep_reading and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+            self._wake()
 
     # -- the relay's side -----------------------------------------------------------------------------
 
@@ -232,9 +250,8 @@ class UpstreamConnection(asyncio.Protocol):
         data = body[0] if len(body) == 1 else b"".join(body)
         body.clear()
         self._buffered = 0
-        if self._paused and self.transport is not None:
-            self._paused = False
-            self.transport.resume_reading()
+        if self._paused:
+            self._resume()
         return data
 
     async def next_chunk(self) -> bytes:
@@ -247,6 +264,38 @@ class UpstreamConnection(asyncio.Protocol):
             if self.complete:
                 return b""
             await self._wait()
+
+    async def pump(self, sink: Sink, drain: Callable[[], Awaitable[None]]) -> None:
+        """Hand every body byte to `sink` inside the read callback, as it arrives, until the body is complete.
+
+        The relay's task sleeps meanwhile instead of waking once per read. `sink` returns False when the client
+        cannot take more yet: reading pauses until `drain` returns."""
+        if self._body:  # what arrived before the pump started
+            self._pass_on(sink, self.take())
+        self._sink = sink
+        try:
+            while True:
+                if self._sink_error is not None:
+                    self._sink = None  # no further byte goes to a sink that failed
+                    raise self._sink_error
+                if self.error is not None:
+                    raise self.error
+                if self.complete:
+                    if self._paused:  # the last read filled the client's side: the connection may be reused
+                        self._resume()
+                    return
+                if self._paused:
+                    await drain()
+                    self._resume()
+                else:
+                    await self._wait()
+        finally:
+            self._sink = None
+
+    def _resume(self) -> None:
+        self._paused = False
+        if self.transport is not None:
+            self.transport.resume_reading()
 
     async def _wait(self) -> None:
         waiter = self._waiter = self.loop.create_future()
@@ -326,6 +375,11 @@ class UpstreamResponse:
     def reading_paused(self) -> bool:
         """Whether the body buffered so far made the connection stop reading from the upstream."""
         return self._connection is not None and self._connection.reading_paused
+
+    async def pump(self, sink: Sink, drain: Callable[[], Awaitable[None]]) -> None:
+        """The rest of the body, handed to `sink` from the connection's read callback (UpstreamConnection.pump)."""
+        assert self._connection is not None
+        await self._connection.pump(sink, drain)
 
     async def read(self) -> bytes:
         parts = []

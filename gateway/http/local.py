@@ -72,7 +72,7 @@ async def _canary(state: State, policies: PolicySet, scope: Scope) -> tuple[int,
 
 
 async def _plan(state: State, policies: PolicySet, scope: Scope) -> tuple[int, Any]:
-    return 200, await plan_view(state.reuse, policies, state.session, scope.get("query_string", b""))
+    return 200, await plan_view(state.reuse, policies, state.calls, scope.get("query_string", b""))
 
 
 async def _reload(state: State, policies: PolicySet, scope: Scope) -> tuple[int, Any]:

@@ -14,8 +14,6 @@ import sqlite3
 from typing import Any
 from urllib.parse import parse_qs
 
-from redis.exceptions import RedisError
-
 from gateway.errors import BadRequest, NotFound, ServiceUnavailable
 from gateway.isotime import parse_since
 from gateway.plan.build import H200_LINK_BYTES_PER_S, PlanInputs, build_plan
@@ -24,6 +22,7 @@ from gateway.plan.workingset import parse_window
 from gateway.policy.loader import PolicySet
 from gateway.proxy.smallcalls import SmallCalls, client_error, total_timeout
 from gateway.reuse.trace import ReuseTrace
+from gateway.storage import errors_with_redis
 
 BYTE_PARAMS = ("host_ram", "weights_bytes", "headroom", "cache_process_rss", "current_cpu_bytes")
 MAX_EVALUATED = 16
@@ -38,7 +37,7 @@ async def plan_view(trace: ReuseTrace | None, policies: PolicySet, calls: SmallC
     await trace.flush()
     try:
         records = await trace.store.read(inputs.tenant, inputs.since)
-    except (RedisError, sqlite3.Error) as error:
+    except errors_with_redis(sqlite3.Error) as error:
         raise ServiceUnavailable(
             f"The reuse trace store cannot be read now ({type(error).__name__}); try again.") from error
     pool = inputs.pool or policies.gateway.default_pool

@@ -2,7 +2,8 @@
 
 aiohttp serves only the gateway's own small upstream calls (canary probes, miss-path `/version` probes, the plan's
 `/metrics` read, admin routes forwarded between workers) and is opened by the first of them; the Redis client is
-loaded only when the state is kept in Redis; `kvgate serve` imports no other command's module. Each costs
+loaded only when the state is kept in Redis, pyzmq only when a pool names a KV-event source, the planner with
+the first plan asked for; `kvgate serve` imports no other command's module. Each costs
 megabytes of resident memory that a gateway without those features would carry for nothing
 (loadtests/idle_memory.py measures how much). The gateway starts in a child interpreter
 (tests/unit/http/idle_imports_child.py) as `kvgate serve` starts it, and reports its modules once it is up.
@@ -23,12 +24,15 @@ from tests.ledger.redis_proc import RedisProcess
 from tests.salt_vectors import GATEWAY_SECRET
 
 # Loaded only by a feature that is configured and used (or by another command than `serve`).
-LAZY = ("aiohttp", "redis", "httpx", "gateway.sim", "gateway.devtools", "gateway.cli.doctor", "gateway.cli.loadtest",
-        "gateway.cli.audit", "gateway.shadow.cli", "gateway.plan.cli", "gateway.ledger.redis_store")
+LAZY = ("aiohttp", "redis", "zmq", "httpx", "gateway.sim", "gateway.devtools", "gateway.cli.doctor",
+        "gateway.cli.loadtest", "gateway.cli.audit", "gateway.shadow.cli", "gateway.plan", "gateway.ledger.redis_store")
 
 
-def idle_modules(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> set[str]:
+def idle_modules(tmp_path: Path, *flags: str, env: dict[str, str] | None = None,
+                 kv_events: list[str] | None = None) -> set[str]:
     policy = standard_policy(tmp_path / "policies", "http://127.0.0.1:9")  # no upstream is contacted
+    if kv_events:
+        policy.gateway["pools"]["offload"]["kv_events"] = kv_events
     policy.add_tenant("retrying", offload={"miss_path": "retry"})  # configured; nothing has failed, so no probe
     policy.write()
     inherited = {name: value for name, value in os.environ.items() if not name.startswith("KVGATE_")}
@@ -54,6 +58,12 @@ def test_the_first_small_call_loads_aiohttp(tmp_path: Path) -> None:
     modules = idle_modules(tmp_path, "--small-call")
     assert loaded(modules, "aiohttp")
     assert not loaded(modules, "redis")
+
+
+def test_a_kv_event_source_loads_pyzmq(tmp_path: Path) -> None:
+    modules = idle_modules(tmp_path, kv_events=["tcp://127.0.0.1:9"])  # a ZMQ connect needs no listener
+    assert loaded(modules, "zmq")
+    assert not loaded(modules, "aiohttp")
 
 
 @pytest.mark.redis

@@ -48,6 +48,7 @@ return below
 
 
 def store_errors() -> tuple[type[Exception], ...]:
+    """What a floor store raises when its backend cannot answer (Redis's errors only once Redis is loaded)."""
     return errors_with_redis(sqlite3.Error, OSError)
 
 

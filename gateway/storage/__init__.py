@@ -5,7 +5,7 @@ Stores (the ledger, shadow pairs, and the features that keep state) are built on
 path of their own, so one process opens one SQLite connection or one Redis pool, and the backend is decided in
 one place.
 
-The Redis client (about 5 MiB resident once imported) is loaded only by a process whose storage is Redis, or
+The Redis client (about 4 MiB resident once imported) is loaded only by a process whose storage is Redis, or
 by a store that is (a `kvgate audit` on a Redis ledger): a SQLite gateway never imports it. Code that runs on
 either backend names Redis's errors through `errors_with_redis()`.
 """

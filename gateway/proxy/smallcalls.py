@@ -3,7 +3,7 @@
 opened on first use.
 
 The relay and the shadow client have their own httptools clients, so aiohttp serves only these occasional
-calls. Imported, it stays resident (about 9 MiB with multidict, yarl, attrs and http.cookies, and some 100 ms
+calls. Imported, it stays resident (about 8 MiB with multidict, yarl, attrs and http.cookies, and some 100 ms
 to import; loadtests/reports/idle-memory-2026-12-01/): a gateway whose canary has no schedule, whose tenants
 never retry and whose plan is never asked for does not load it at all. The first call imports it in a worker
 thread, so the event loop goes on relaying meanwhile instead of stalling for the import.

@@ -15,6 +15,7 @@ from loadtests.loadgen import PhaseStats
 DIRECT = "direct"
 GATEWAY = "gateway"
 FOREIGN_LOAD_WARNING = 0.05  # a core this much busier than the benchmark's processes explain: results are noisy
+IDLE_RSS_TARGET_MIB = 60.0  # issue 15
 LOOP_FRAME = "Runner.run (asyncio/runners.py)"  # py-spy's own samples here: idle and C code under the loop
 PROFILE_ROWS = 60
 
@@ -104,6 +105,15 @@ def target_checks(summaries: Sequence[Summary]) -> dict[str, dict[str, Any]]:
     check("issue 15: throughput at c=256 >= 0.97x direct", 256, "throughput_ratio", 0.97, at_most=False)
     check("issue 15: proxy core busy at c=256 < 70 %", 256, "proxy_core_busy", 0.70, at_most=True)
     return checks
+
+
+def idle_rss_check(idle_rss_mib: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """Issue 15's idle-memory target for the gateway (loadtests/idle_memory.py splits the figure)."""
+    if GATEWAY not in idle_rss_mib:
+        return {}
+    measured = idle_rss_mib[GATEWAY]
+    return {f"issue 15: gateway idle RSS <= {IDLE_RSS_TARGET_MIB:g} MiB":
+            {"measured": measured, "limit": IDLE_RSS_TARGET_MIB, "met": measured <= IDLE_RSS_TARGET_MIB}}
 
 
 def noise_warnings(measurements: Sequence[Measurement]) -> list[str]:

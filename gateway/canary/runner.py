@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 import msgspec
 from prometheus_client import CollectorRegistry, Counter
 
@@ -31,19 +30,19 @@ from gateway.canary.probe import (
 from gateway.errors import GatewayError
 from gateway.log import get_logger
 from gateway.policy.loader import PolicySet
+from gateway.proxy.smallcalls import SmallCalls, client_error
 
 log = get_logger(__name__)
 SCHEDULE_TICK_S = 5.0  # how often the schedule loop looks for a pool whose interval has passed
 # Anything an upstream can answer wrongly (unreachable, an error status, a body of another shape) is an `error`
-# outcome, never an exception that would end the schedule loop.
-PROBE_ERRORS = (aiohttp.ClientError, TimeoutError, GatewayError, ValueError, KeyError, TypeError, IndexError,
-                AttributeError)
+# outcome, never an exception that would end the schedule loop; with these, the HTTP client's errors.
+PROBE_ERRORS = (TimeoutError, GatewayError, ValueError, KeyError, TypeError, IndexError, AttributeError)
 
 
 class CanaryRunner:
-    def __init__(self, session: aiohttp.ClientSession, secret: bytes, registry: CollectorRegistry,
+    def __init__(self, calls: SmallCalls, secret: bytes, registry: CollectorRegistry,
                  clock: Callable[[], float] = time.time, tick_s: float = SCHEDULE_TICK_S) -> None:
-        self.session = session
+        self.calls = calls
         self.secret = secret
         self.clock = clock
         self.tick_s = tick_s
@@ -91,7 +90,7 @@ class CanaryRunner:
     async def _probe_upstream(self, policies: PolicySet, pool_name: str, upstream: str) -> Outcome:
         try:
             return await self._probe(policies, pool_name, upstream)
-        except PROBE_ERRORS as error:
+        except (*PROBE_ERRORS, client_error()) as error:
             detail = f"{type(error).__name__}: {error}"[:300]
             return Outcome(pool_name, upstream, Result.ERROR, detail=detail, at=self.clock())
 
@@ -109,14 +108,16 @@ class CanaryRunner:
         return Outcome(pool_name, upstream, judge(cached_b, delta), cached_a, cached_b, delta, at=self.clock())
 
     async def _model(self, upstream: str, headers: dict[str, str]) -> str:
-        async with self.session.get(f"{upstream}/v1/models", headers=headers) as response:
+        session = await self.calls.session()
+        async with session.get(f"{upstream}/v1/models", headers=headers) as response:
             response.raise_for_status()
             model: str = msgspec.json.decode(await response.read())["data"][0]["id"]
             return model
 
     async def _complete(self, upstream: str, headers: dict[str, str], body: dict[str, Any]) -> int:
         data = msgspec.json.encode(body)
-        async with self.session.post(f"{upstream}/v1/completions", headers=headers, data=data) as response:
+        session = await self.calls.session()
+        async with session.post(f"{upstream}/v1/completions", headers=headers, data=data) as response:
             response.raise_for_status()
             reply = msgspec.json.decode(await response.read())
         details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
@@ -127,10 +128,11 @@ class CanaryRunner:
         return cached
 
     async def _external_hits(self, upstream: str, headers: dict[str, str]) -> float | None:
+        session = await self.calls.session()
         try:
-            async with self.session.get(f"{upstream}/metrics", headers=headers) as response:
+            async with session.get(f"{upstream}/metrics", headers=headers) as response:
                 if response.status != 200:
                     return None
                 return external_hits((await response.read()).decode("utf-8", "replace"))
-        except aiohttp.ClientError:
+        except client_error():
             return None

@@ -20,8 +20,9 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(chosen_command(arguments))
+    args = parser.parse_args(arguments)
     command: Command | None = getattr(args, "command", None)
     if command is None:
         parser.print_help()
@@ -29,25 +30,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return command(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The command named on the line (its first word that is not an option), if it is one of ours."""
+    first = next((word for word in argv if not word.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    """Every command is listed; only `chosen` (all of them when None) gets its arguments. A command's arguments
+    come from its own module, and `kvgate serve` must not import the others (the simulator, the load generator,
+    the doctor's HTTP client): they would stay resident in the served gateway for nothing."""
     parser = argparse.ArgumentParser(prog="kvgate", description=__doc__)
     commands = parser.add_subparsers(metavar="COMMAND")
-    _add_serve(commands)
-    _add_policy(commands)
-    _add_keys(commands)
-    _add_sim(commands)
-    _add_shadow(commands)
-    _add_audit(commands)
-    _add_demo(commands)
-    _add_loadtest(commands)
-    _add_canary(commands)
-    _add_doctor(commands)
-    _add_plan(commands)
+    for name, (help_text, configure) in COMMANDS.items():
+        command = commands.add_parser(name, help=help_text)
+        if chosen is None or chosen == name:
+            configure(command)
     return parser
 
 
-def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    serve = commands.add_parser("serve", help="run the gateway")
+def _add_serve(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--policies", type=Path, help="policy directory (env KVGATE_POLICIES, default ./policies)")
     serve.add_argument("--host", help="listen address (env KVGATE_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (env KVGATE_PORT, default 8080)")
@@ -64,8 +66,8 @@ def _serve(args: argparse.Namespace) -> int:
     return run_gateway(overrides)
 
 
-def _add_policy(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    policy = commands.add_parser("policy", help="policy directory tools").add_subparsers(metavar="ACTION")
+def _add_policy(parser: argparse.ArgumentParser) -> None:
+    policy = parser.add_subparsers(metavar="ACTION")
     check = policy.add_parser("check", help="validate a policy directory")
     check.add_argument("directory", type=Path)
     check.set_defaults(command=_policy_check)
@@ -100,8 +102,8 @@ def _policy_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_keys(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    keys = commands.add_parser("keys", help="API key tools").add_subparsers(metavar="ACTION")
+def _add_keys(parser: argparse.ArgumentParser) -> None:
+    keys = parser.add_subparsers(metavar="ACTION")
     new = keys.add_parser("new", help="print a fresh key once, and the line for the tenant's policy")
     new.add_argument("tenant")
     new.set_defaults(command=_keys_new)
@@ -124,65 +126,67 @@ def _keys_hash(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_sim(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_sim(sim: argparse.ArgumentParser) -> None:
     from gateway.sim import cli as sim_cli
 
-    sim = commands.add_parser("sim", help="run a simulated vLLM server")
     sim_cli.add_arguments(sim)
     sim.set_defaults(command=sim_cli.run)
 
 
-def _add_shadow(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_shadow(shadow: argparse.ArgumentParser) -> None:
     from gateway.shadow import cli as shadow_cli
 
-    shadow_cli.add_arguments(commands.add_parser("shadow", help="shadow A/B reports"))
+    shadow_cli.add_arguments(shadow)
 
 
-def _add_audit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_audit(audit: argparse.ArgumentParser) -> None:
     from gateway.cli import audit as audit_cli
 
-    audit = commands.add_parser("audit", help="block-lifecycle report from the ledger")
     audit_cli.add_audit_arguments(audit)
     audit.set_defaults(command=audit_cli.run_audit)
-    tenant = commands.add_parser("tenant", help="tenant tools (forget)")
+
+
+def _add_tenant(tenant: argparse.ArgumentParser) -> None:
+    from gateway.cli import audit as audit_cli
+
     audit_cli.add_tenant_arguments(tenant)
     tenant.set_defaults(command=audit_cli.run_tenant)
-    ledger = commands.add_parser("ledger", help="ledger tools (reset-source)")
+
+
+def _add_ledger(ledger: argparse.ArgumentParser) -> None:
+    from gateway.cli import audit as audit_cli
+
     audit_cli.add_ledger_arguments(ledger)
     ledger.set_defaults(command=audit_cli.run_ledger)
 
 
-def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    demo = commands.add_parser("demo", help="simulated offload + control servers, gateway, workload, report")
+def _add_demo(demo: argparse.ArgumentParser) -> None:
     demo.set_defaults(command=_demo)
 
 
-def _add_loadtest(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_loadtest(loadtest: argparse.ArgumentParser) -> None:
     from gateway.cli import loadtest as loadtest_cli
 
-    help_text = "offload A/B protocol through the gateway, with a report"
-    loadtest = commands.add_parser("loadtest", help=help_text)
     loadtest_cli.add_arguments(loadtest)
     loadtest.set_defaults(command=loadtest_cli.run)
 
 
-def _add_canary(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_canary(canary: argparse.ArgumentParser) -> None:
     from gateway.cli import canary as canary_cli
 
-    canary_cli.add_arguments(commands.add_parser("canary", help="probe tenant isolation on every pool now"))
+    canary_cli.add_arguments(canary)
 
 
-def _add_doctor(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_doctor(parser: argparse.ArgumentParser) -> None:
     from gateway.cli import doctor
 
-    help_text = "what each upstream says: version, max_load_tokens, offload tier, kv_load_failure_policy"
-    doctor.add_arguments(commands.add_parser("doctor", help=help_text))
+    doctor.add_arguments(parser)
 
 
-def _add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_plan(plan: argparse.ArgumentParser) -> None:
     from gateway.plan import cli as plan_cli
 
-    plan_cli.add_arguments(commands.add_parser("plan", help="how much RAM the CPU offload tier should get"))
+    plan_cli.add_arguments(plan)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -190,3 +194,22 @@ def _demo(args: argparse.Namespace) -> int:
 
     result: int = run_demo()
     return result
+
+
+# name → (help, what adds its arguments); listed in this order by `kvgate --help`
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "serve": ("run the gateway", _add_serve),
+    "policy": ("policy directory tools", _add_policy),
+    "keys": ("API key tools", _add_keys),
+    "sim": ("run a simulated vLLM server", _add_sim),
+    "shadow": ("shadow A/B reports", _add_shadow),
+    "audit": ("block-lifecycle report from the ledger", _add_audit),
+    "tenant": ("tenant tools (forget)", _add_tenant),
+    "ledger": ("ledger tools (reset-source)", _add_ledger),
+    "demo": ("simulated offload + control servers, gateway, workload, report", _add_demo),
+    "loadtest": ("offload A/B protocol through the gateway, with a report", _add_loadtest),
+    "canary": ("probe tenant isolation on every pool now", _add_canary),
+    "doctor": ("what each upstream says: version, max_load_tokens, offload tier, kv_load_failure_policy",
+               _add_doctor),
+    "plan": ("how much RAM the CPU offload tier should get", _add_plan),
+}

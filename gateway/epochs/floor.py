@@ -17,14 +17,14 @@ import inspect
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
-
-import redis.asyncio as aioredis
-import redis.exceptions
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.policy.loader import PolicySet
-from gateway.storage import Backend, Storage
+from gateway.storage import Backend, Storage, errors_with_redis
 from gateway.storage.sqlite import SqliteWorker
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 REDIS_KEY = "kvgate:epoch_floors"
 SQLITE_SCHEMA = "CREATE TABLE IF NOT EXISTS policy_epoch_floors (tenant TEXT PRIMARY KEY, epoch INTEGER NOT NULL)"
@@ -45,7 +45,11 @@ for i = 1, #ARGV, 2 do
 end
 return below
 """
-STORE_ERRORS = (sqlite3.Error, redis.exceptions.RedisError, OSError)
+
+
+def store_errors() -> tuple[type[Exception], ...]:
+    """What a floor store raises when its backend cannot answer (Redis's errors only once Redis is loaded)."""
+    return errors_with_redis(sqlite3.Error, OSError)
 
 
 class FloorStoreUnavailable(Exception):
@@ -123,7 +127,7 @@ class RedisFloorStore:
         args = [part for name, epoch in sorted(epochs.items()) for part in (name, str(epoch))]
         try:
             found = await self._script(keys=[self.key], args=args)
-        except STORE_ERRORS as error:
+        except store_errors() as error:
             raise FloorStoreUnavailable(str(error)) from error
         pairs = [item.decode() if isinstance(item, bytes) else str(item) for item in found]
         return {pairs[i]: int(pairs[i + 1]) for i in range(0, len(pairs), 2)}
@@ -132,7 +136,7 @@ class RedisFloorStore:
         try:
             reply = self.client.hgetall(self.key)
             raw = await reply if inspect.isawaitable(reply) else reply
-        except STORE_ERRORS as error:
+        except store_errors() as error:
             raise FloorStoreUnavailable(str(error)) from error
         return {name.decode(): int(epoch) for name, epoch in raw.items()}
 

@@ -9,8 +9,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
-
 from gateway.canary.runner import CanaryRunner
 from gateway.epochs.floor import open_floor_store
 from gateway.epochs.guard import EpochFloorGuard
@@ -30,7 +28,8 @@ from gateway.proxy.forward import Proxy, ProxyOptions
 from gateway.proxy.misspath import MissPath
 from gateway.proxy.otel_metrics import OtelFeature, OtelGenAIMetrics
 from gateway.proxy.shape import JsonLimits
-from gateway.proxy.upstream import UpstreamClient, new_session
+from gateway.proxy.smallcalls import SmallCalls
+from gateway.proxy.upstream import UpstreamClient
 from gateway.reuse.feature import AdmissionFeature
 from gateway.reuse.shared import Admission
 from gateway.reuse.store import open_trace_store
@@ -54,7 +53,7 @@ class State:
 
     holder: PolicyHolder
     metrics: GatewayMetrics
-    session: aiohttp.ClientSession
+    calls: SmallCalls  # the gateway's own small upstream calls (canary, version probes, plan's metrics)
     proxy: Proxy
     features: Features
     tasks: TaskSupervisor
@@ -92,7 +91,7 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     holder.listeners.append(lambda current: metrics.prime(current.tenants, ShadowOutcome))
     metrics.prime_admission(returning_tenants(policies))
     holder.listeners.append(lambda current: metrics.prime_admission(returning_tenants(current)))
-    session = new_session(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
+    calls = SmallCalls.pooled(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
     tasks = TaskSupervisor("gateway")
     tasks.spawn(holder.watch(settings.reload_interval_s), "policy-watch")
     ledger, sibling_salts = await _ledger(settings, metrics, holder, tasks, role, storage)
@@ -106,9 +105,9 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     relay = UpstreamClient(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
     options = ProxyOptions(JsonLimits(settings.json_max_depth, settings.json_max_items), settings.body_timeout_s,
                            metrics.client_stalls)
-    proxy = Proxy(relay, secret, health, features, MissPath(session, secret, metrics, ledger.remember_user_salt),
+    proxy = Proxy(relay, secret, health, features, MissPath(calls, secret, metrics, ledger.remember_user_salt),
                   options)
-    canary = _canary(session, secret, metrics, holder, tasks, scheduled=ingests)
+    canary = _canary(calls, secret, metrics, holder, tasks, scheduled=ingests)
     limits = RequestLimits(settings.max_in_flight, open_rate_limiter(storage, metrics.rate_limit_fallbacks.inc),
                            metrics)
     if role is not None:
@@ -116,7 +115,7 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     if role is not None and role.replaced:
         metrics.worker_restarts.inc()
     ingester = None if ingests or role is None else IngesterClient(role.ingester_socket)
-    return State(holder, metrics, session, proxy, features, tasks, shadow, ledger, storage, canary, limits, reuse,
+    return State(holder, metrics, calls, proxy, features, tasks, shadow, ledger, storage, canary, limits, reuse,
                  floors, role=role, ingester=ingester, sibling_salts=sibling_salts)
 
 
@@ -128,11 +127,11 @@ async def _ledger(settings: Settings, metrics: GatewayMetrics, holder: PolicyHol
     return ledger, SiblingSalts(role, ledger, metrics.salt_announcements_failed.inc)
 
 
-def _canary(session: aiohttp.ClientSession, secret: bytes, metrics: GatewayMetrics, holder: PolicyHolder,
+def _canary(calls: SmallCalls, secret: bytes, metrics: GatewayMetrics, holder: PolicyHolder,
             tasks: TaskSupervisor, scheduled: bool = True) -> CanaryRunner:
     """The isolation canary: its counters primed per pool, its schedule owned by the gateway's supervisor (in
     one worker only under `--workers`, so upstreams see one canary schedule per host)."""
-    canary = CanaryRunner(session, secret, metrics.registry)
+    canary = CanaryRunner(calls, secret, metrics.registry)
     canary.prime(holder.current)
     holder.listeners.append(canary.prime)
     if scheduled:
@@ -191,7 +190,7 @@ async def stop(state: State) -> None:
     if state.reuse is not None:
         await state.reuse.close()
     await state.shadow.close()
-    await state.session.close()
+    await state.calls.close()
     if state.ingester is not None:
         await state.ingester.close()
     state.proxy.client.close()

@@ -22,8 +22,8 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import aiohttp
 import msgspec
 
 from gateway.asgi.io import Scope
@@ -31,7 +31,11 @@ from gateway.errors import ServiceUnavailable
 from gateway.ledger.records import SaltDigestEntry
 from gateway.ledger.service import LedgerService
 from gateway.log import get_logger
+from gateway.proxy.smallcalls import SmallCalls, client_error
 from gateway.routes import Local
+
+if TYPE_CHECKING:
+    import aiohttp
 
 log = get_logger(__name__)
 INGESTING_WORKER = 0
@@ -76,9 +80,7 @@ class IngesterClient:
     """Forwards an admin request unchanged (method, path, query, credentials) to the ingesting worker."""
 
     def __init__(self, socket_path: Path) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.UnixConnector(path=str(socket_path)),
-            timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S), auto_decompress=False)
+        self._calls = SmallCalls(lambda: _ingester_session(socket_path))  # opened by the first forwarded route
 
     async def forward(self, scope: Scope) -> Answer:
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
@@ -86,18 +88,27 @@ class IngesterClient:
         target = raw_path.decode("latin-1") + (f"?{query.decode('latin-1')}" if query else "")
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]
                    if name.lower() in FORWARDED_HEADERS}
+        session = await self._calls.session()
         try:
-            async with self._session.request(scope["method"], f"http://ingester{target}", headers=headers) as reply:
+            async with session.request(scope["method"], f"http://ingester{target}", headers=headers) as reply:
                 body = await reply.read()
                 content_type = reply.headers.get("content-type", "application/json")
                 return reply.status, body, [(b"content-type", content_type.encode("latin-1"))]
-        except (aiohttp.ClientError, TimeoutError) as error:
+        except (client_error(), TimeoutError) as error:
             log.warning("ingester_unreachable", error=repr(error)[:300])
             raise IngesterUnavailable("The worker that keeps the ledger is not answering now; try again.",
                                       code="ingester_unavailable") from None
 
     async def close(self) -> None:
-        await self._session.close()
+        await self._calls.close()
+
+
+def _ingester_session(socket_path: Path) -> aiohttp.ClientSession:
+    import aiohttp
+
+    return aiohttp.ClientSession(
+        connector=aiohttp.UnixConnector(path=str(socket_path)),
+        timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S), auto_decompress=False)
 
 
 SaltMessage = tuple[str, int, bytes]

@@ -17,10 +17,7 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
-
-import zmq
-import zmq.asyncio
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.kvevents.endpoints import SourceSpec
 from gateway.kvevents.formats.base import decoder_for
@@ -34,6 +31,9 @@ from gateway.kvevents.wire import (
     replay_request,
 )
 from gateway.log import get_logger
+
+if TYPE_CHECKING:  # pyzmq is imported by whoever opens the context: a gateway with no KV-event source never does
+    import zmq.asyncio
 
 log = get_logger(__name__)
 RECEIVE_QUEUE = 100_000  # live messages held by ZMQ while a replay is being read
@@ -79,6 +79,8 @@ class Subscriber:
         self._silent = silent  # the source was silent when this subscriber started
 
     async def run(self) -> None:
+        import zmq  # loaded with the context this subscriber was given
+
         sub = self._context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
@@ -255,6 +257,8 @@ class Subscriber:
     def _dealer_socket(self) -> zmq.asyncio.Socket:
         if self._dealer is None:
             assert self.spec.replay is not None
+            import zmq
+
             self._dealer = self._context.socket(zmq.DEALER)
             self._dealer.setsockopt(zmq.LINGER, 0)
             self._dealer.connect(self.spec.replay)

@@ -8,7 +8,6 @@ is connected to another Redis than the ledger's settings name.
 from __future__ import annotations
 
 from gateway.ledger.base import LedgerStore
-from gateway.ledger.redis_store import RedisStore
 from gateway.ledger.sqlite_store import BUSY_TIMEOUT_MS, SqliteStore
 from gateway.settings import Settings
 from gateway.storage import Backend, Storage
@@ -18,6 +17,8 @@ async def open_store(
     settings: Settings, redis_prefix: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS, storage: Storage | None = None,
 ) -> LedgerStore:
     if settings.redis_url:
+        from gateway.ledger.redis_store import RedisStore  # the Redis client is loaded only for a Redis ledger
+
         if storage is not None and storage.backend is Backend.REDIS and storage.redis_url == settings.redis_url:
             return await RedisStore.on_client(storage.redis_client(), prefix=redis_prefix)
         return await RedisStore.open(settings.redis_url, prefix=redis_prefix)

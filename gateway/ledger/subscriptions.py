@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
-import zmq.asyncio
+from typing import TYPE_CHECKING, Any
 
 from gateway.kvevents.endpoints import SourceSpec, plan_sources
 from gateway.kvevents.sequence import Cursor
@@ -15,6 +13,9 @@ from gateway.ledger.observe import LedgerMetrics
 from gateway.log import get_logger
 from gateway.policy.loader import PolicySet
 from gateway.tasks import TaskSupervisor, cancel_and_wait
+
+if TYPE_CHECKING:
+    import zmq.asyncio
 
 log = get_logger(__name__)
 RESUBSCRIBE_DELAY_S = 1.0
@@ -32,7 +33,7 @@ class SourceSubscriptions:
         self.metrics = metrics
         self.cursors: dict[str, Cursor] = {}  # loaded from the store at start, kept current by the subscribers
         self._running: dict[str, tuple[SourceSpec, asyncio.Task[Any]]] = {}
-        self._zmq = zmq.asyncio.Context()
+        self._zmq: zmq.asyncio.Context | None = None  # opened with the first source (pyzmq stays unloaded till then)
 
     def plan(self, policies: PolicySet) -> None:
         """Stop subscribers whose source left or changed; start one for each new source."""
@@ -43,13 +44,14 @@ class SourceSubscriptions:
                 del self._running[name]
         for name, spec in wanted.items():
             if name not in self._running:
-                self._running[name] = (spec, self.tasks.spawn(self._subscribe(spec), f"kv-events:{name}"))
+                subscribing = self._subscribe(spec, self._context())
+                self._running[name] = (spec, self.tasks.spawn(subscribing, f"kv-events:{name}"))
 
-    async def _subscribe(self, spec: SourceSpec) -> None:
+    async def _subscribe(self, spec: SourceSpec, context: zmq.asyncio.Context) -> None:
         """Keep one subscriber running for the source; a crash resumes from the last batch handled (whose
         continuity the new subscriber proves again)."""
         while True:
-            subscriber = Subscriber(spec, self.sink, self.cursors.get(spec.name), self.timing, self._zmq,
+            subscriber = Subscriber(spec, self.sink, self.cursors.get(spec.name), self.timing, context,
                                     silent=spec.name in self.state.silent)
             try:
                 await subscriber.run()
@@ -65,10 +67,18 @@ class SourceSubscriptions:
                     self.cursors[spec.name] = subscriber.tracker.cursor
             await asyncio.sleep(RESUBSCRIBE_DELAY_S)
 
+    def _context(self) -> zmq.asyncio.Context:
+        if self._zmq is None:
+            import zmq.asyncio
+
+            self._zmq = zmq.asyncio.Context()
+        return self._zmq
+
     async def stop(self) -> None:
         await cancel_and_wait([task for _spec, task in self._running.values()])
         self._running.clear()
 
     def close(self) -> None:
         """After `stop`: the ZMQ context's sockets are all closed by then."""
-        self._zmq.term()
+        if self._zmq is not None:
+            self._zmq.term()

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Protocol
-
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.log import get_logger
-from gateway.storage import Backend, Storage
+from gateway.storage import Backend, Storage, errors_with_redis
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 log = get_logger(__name__)
 WINDOW_S = 60.0
@@ -89,7 +89,7 @@ class RedisRateLimiter:
         try:
             async with asyncio.timeout(self._timeout_s):
                 answer = await self._script(keys=[f"{REDIS_PREFIX}:{tenant}"], args=[interval, tolerance])
-        except (RedisError, OSError, TimeoutError) as error:
+        except errors_with_redis(OSError, TimeoutError) as error:
             self._on_fallback()
             if not self._down:
                 self._down = True

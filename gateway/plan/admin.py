@@ -14,22 +14,21 @@ import sqlite3
 from typing import Any
 from urllib.parse import parse_qs
 
-import aiohttp
-from redis.exceptions import RedisError
-
 from gateway.errors import BadRequest, NotFound, ServiceUnavailable
 from gateway.isotime import parse_since
 from gateway.plan.build import H200_LINK_BYTES_PER_S, PlanInputs, build_plan
 from gateway.plan.kvsize import prefill_seconds_per_token, server_cache_from_metrics
 from gateway.plan.workingset import parse_window
 from gateway.policy.loader import PolicySet
+from gateway.proxy.smallcalls import SmallCalls, client_error, total_timeout
 from gateway.reuse.trace import ReuseTrace
+from gateway.storage import errors_with_redis
 
 BYTE_PARAMS = ("host_ram", "weights_bytes", "headroom", "cache_process_rss", "current_cpu_bytes")
 MAX_EVALUATED = 16
 
 
-async def plan_view(trace: ReuseTrace | None, policies: PolicySet, session: aiohttp.ClientSession,
+async def plan_view(trace: ReuseTrace | None, policies: PolicySet, calls: SmallCalls,
                     query_string: bytes) -> dict[str, Any]:
     query = parse_qs(query_string.decode("latin-1"))
     inputs = _inputs(query, policies)
@@ -38,11 +37,11 @@ async def plan_view(trace: ReuseTrace | None, policies: PolicySet, session: aioh
     await trace.flush()
     try:
         records = await trace.store.read(inputs.tenant, inputs.since)
-    except (RedisError, sqlite3.Error) as error:
+    except errors_with_redis(sqlite3.Error) as error:
         raise ServiceUnavailable(
             f"The reuse trace store cannot be read now ({type(error).__name__}); try again.") from error
     pool = inputs.pool or policies.gateway.default_pool
-    metrics = await _upstream_metrics(session, policies.gateway.pools[pool].upstreams[0])
+    metrics = await _upstream_metrics(calls, policies.gateway.pools[pool].upstreams[0])
     server = server_cache_from_metrics(metrics) if metrics else None
     prefill = inputs.prefill_s_per_token or (prefill_seconds_per_token(metrics) if metrics else None)
     inputs = dataclasses.replace(inputs, server=server, prefill_s_per_token=prefill, pool=pool)
@@ -111,9 +110,10 @@ def _positive_float(value: str | None, name: str) -> float | None:
     return number
 
 
-async def _upstream_metrics(session: aiohttp.ClientSession, upstream: str) -> str | None:
+async def _upstream_metrics(calls: SmallCalls, upstream: str) -> str | None:
+    session = await calls.session()
     try:
-        async with session.get(f"{upstream}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as response:
+        async with session.get(f"{upstream}/metrics", timeout=total_timeout(5)) as response:
             return await response.text() if response.status == 200 else None
-    except (aiohttp.ClientError, TimeoutError):
+    except (client_error(), TimeoutError):
         return None

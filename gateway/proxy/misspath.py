@@ -24,12 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-import aiohttp
 import msgspec
 
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import PoolConfig
 from gateway.proxy.features import Call, Outbound
+from gateway.proxy.smallcalls import SmallCalls, client_error, total_timeout
 from gateway.proxy.sse import first_outcome
 from gateway.routes import Kind
 from gateway.salts import derive_salt
@@ -56,8 +56,8 @@ def honours_max_load_tokens(version: str) -> bool:
 class RecomputeMethods:
     """Per upstream, how a recompute is forced; `auto` pools are asked for their version once."""
 
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self.session = session
+    def __init__(self, calls: SmallCalls) -> None:
+        self.calls = calls
         self._known: dict[str, RecomputeMethod] = {}
 
     async def method(self, pool: PoolConfig, upstream: str) -> RecomputeMethod:
@@ -75,11 +75,11 @@ class RecomputeMethods:
         return method
 
     async def _version(self, upstream: str) -> str | None:
-        timeout = aiohttp.ClientTimeout(total=VERSION_TIMEOUT_S)
+        session = await self.calls.session()
         try:
-            async with self.session.get(f"{upstream}/version", timeout=timeout) as response:
+            async with session.get(f"{upstream}/version", timeout=total_timeout(VERSION_TIMEOUT_S)) as response:
                 body = await response.read()
-        except (aiohttp.ClientError, TimeoutError):
+        except (client_error(), TimeoutError):
             return None
         try:
             parsed = msgspec.json.decode(body)
@@ -166,9 +166,9 @@ async def _rest(response: ChunkSource, read: int) -> list[bytes]:
 class MissPath:
     """What a retry needs besides the request: how to force a recompute per pool, salts, and the metric."""
 
-    def __init__(self, session: aiohttp.ClientSession, salt_secret: bytes, metrics: GatewayMetrics,
+    def __init__(self, calls: SmallCalls, salt_secret: bytes, metrics: GatewayMetrics,
                  remember_user_salt: UserSaltSink) -> None:
-        self.recompute = RecomputeMethods(session)
+        self.recompute = RecomputeMethods(calls)
         self.salt_secret = salt_secret
         self.metrics = metrics
         self.remember_user_salt = remember_user_salt

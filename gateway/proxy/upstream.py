@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
 
-import aiohttp
 import httptools
 
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
@@ -66,15 +65,6 @@ def upstream_errors(pool: str) -> Iterator[None]:
         raise UpstreamTimeout(f"Upstream of pool {pool!r} timed out.") from error
     except UpstreamTransportError as error:
         raise UpstreamUnavailable(f"Upstream of pool {pool!r} is unavailable: {type(error).__name__}.") from error
-
-
-def new_session(connections: int, connect_timeout_s: float, read_timeout_s: float) -> aiohttp.ClientSession:
-    """The aiohttp session of the gateway's own small calls (canary, version probes, upstream metrics)."""
-    connector = aiohttp.TCPConnector(limit=connections, limit_per_host=0, keepalive_timeout=30.0)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s)
-    return aiohttp.ClientSession(
-        connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
-    )
 
 
 def upstream_headers(inbound: list[tuple[bytes, bytes]], auth: dict[str, str], request_id: str) -> dict[str, str]:

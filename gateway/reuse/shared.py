@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-
-import redis.asyncio as aioredis
-import redis.exceptions
+from typing import TYPE_CHECKING
 
 from gateway.log import get_logger
 from gateway.policy.model import AdmissionPolicy
@@ -34,13 +32,15 @@ from gateway.reuse.admission import (
     row_offsets,
 )
 from gateway.reuse.fingerprint import tenant_trace_key
-from gateway.storage import Storage
+from gateway.storage import Storage, errors_with_redis
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 log = get_logger(__name__)
 KEY_PREFIX = "kvgate:admission"
 REDIS_TIMEOUT_S = 0.25
 REDIS_BACKOFF_S = 2.0  # after a failure, the local sketch decides alone this long (no request waits on a dead Redis)
-REDIS_FAILURES = (redis.exceptions.RedisError, OSError, TimeoutError)
 
 # KEYS: current generation, previous generation. ARGV: ttl seconds, then DEPTH byte offsets.
 # Returns the count seen before this request (sum of both generations, minimum over the rows), and raises
@@ -112,7 +112,7 @@ class Admission:
             return local, True
         try:
             seen = await self._shared_seen(tenant, key, now, rule)
-        except REDIS_FAILURES as error:
+        except errors_with_redis(OSError, TimeoutError) as error:
             self._redis_retry_at = time.monotonic() + REDIS_BACKOFF_S
             log.warning("admission_store_unavailable", tenant=tenant, error=type(error).__name__)
             return local, True

@@ -12,13 +12,14 @@ import sqlite3
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol, cast
-
-import redis.asyncio as aioredis
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from gateway.reuse.record import TraceRecord, decode_record, encode_record
 from gateway.storage import Backend, Storage
 from gateway.storage.sqlite import SqliteWorker
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 DEFAULT_MAX_RECORDS = 50_000
 REDIS_PREFIX = "kvgate:reuse"

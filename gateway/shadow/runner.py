@@ -13,8 +13,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from gateway.errors import ServiceUnavailable
 from gateway.log import get_logger
 from gateway.metrics import GatewayMetrics
@@ -27,6 +25,7 @@ from gateway.shadow.client import ShadowAnswer, ShadowClient
 from gateway.shadow.compare import ArmResult, generated_text, pair_record
 from gateway.shadow.recorder import ShadowRecorder
 from gateway.shadow.stats import tenant_summary
+from gateway.storage import errors_with_redis
 from gateway.tasks import TaskSupervisor
 
 log = get_logger(__name__)
@@ -158,7 +157,7 @@ class ShadowRunner:
         try:
             await self.recorder.flush()  # this replica's own results first, so the report is never behind it
             tenants = {name: await self._tenant_report(name, recent_pairs) for name in sorted(policies.tenants)}
-        except (RedisError, sqlite3.Error) as error:
+        except errors_with_redis(sqlite3.Error) as error:
             raise ShadowStoreUnavailable(
                 f"The shadow store cannot be read now ({type(error).__name__}); try again.") from error
         return {"policy_version": policies.version, "tenants": tenants}

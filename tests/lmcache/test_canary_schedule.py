@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.canary.runner import CanaryRunner
 from gateway.policy.loader import load_policy_set
+from gateway.proxy.smallcalls import SmallCalls
 from gateway.tasks import TaskSupervisor
 from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, sim_process
 from tests.harness import PolicyDir
@@ -45,7 +46,7 @@ def test_the_schedule_probes_due_pools_and_ends_with_its_supervisor(
     async def scenario() -> tuple[float, float, bool]:
         registry = CollectorRegistry()
         async with aiohttp.ClientSession() as session:
-            runner = CanaryRunner(session, b"schedule-secret", registry, tick_s=0.05)
+            runner = CanaryRunner(SmallCalls.using(session), b"schedule-secret", registry, tick_s=0.05)
             runner.prime(policies)
             tasks = TaskSupervisor("test")
             task = tasks.spawn(runner.schedule(lambda: policies), "canary")

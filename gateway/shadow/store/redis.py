@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import cast
-
-import redis.asyncio as aioredis
+from typing import TYPE_CHECKING, cast
 
 from gateway.shadow.compare import PairRecord
 from gateway.shadow.store.base import KEEP_PAIRS, OutcomeCounts, decode_pair, encode_pair
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 REDIS_PREFIX = "kvgate:shadow"
 

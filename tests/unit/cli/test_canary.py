@@ -34,6 +34,7 @@ from gateway.canary.runner import CanaryRunner
 from gateway.cli.main import main
 from gateway.policy.loader import PolicySet, load_policy_set
 from gateway.policy.model import PoolConfig
+from gateway.proxy.smallcalls import SmallCalls
 from gateway.tasks import TaskSupervisor
 from tests.harness import PolicyDir
 from tests.unit.loopback import serving, serving_in_thread
@@ -170,7 +171,7 @@ async def _probe(upstream: CacheUpstream, tmp_path: Path, **pool: Any) -> Probed
         policies = load_policy_set(directory.write(), environ={"POOL_KEY": "pool-secret"})
         registry = CollectorRegistry()
         async with aiohttp.ClientSession() as session:
-            canary = CanaryRunner(session, SECRET, registry, clock=lambda: 1234.0)
+            canary = CanaryRunner(SmallCalls.using(session), SECRET, registry, clock=lambda: 1234.0)
             canary.prime(policies)
             outcomes = await canary.run_pool(policies, "main")
         return Probed(outcomes, canary, policies, registry)
@@ -236,7 +237,8 @@ def test_nothing_listening_is_an_error(tmp_path: Path) -> None:
         directory.add_tenant("acme")
         policies = load_policy_set(directory.write(), environ={})
         async with aiohttp.ClientSession() as session:
-            (outcome,) = await CanaryRunner(session, SECRET, CollectorRegistry()).run_pool(policies, "main")
+            canary = CanaryRunner(SmallCalls.using(session), SECRET, CollectorRegistry())
+            (outcome,) = await canary.run_pool(policies, "main")
         return outcome
 
     outcome = asyncio.run(probe_closed())
@@ -336,7 +338,7 @@ def test_the_schedule_probes_only_pools_with_an_interval_once_it_has_passed(tmp_
                                                           "quiet": {"upstreams": [url]}})
             directory.add_tenant("acme")
             policies = load_policy_set(directory.write(), environ={})
-            canary = CanaryRunner(session, SECRET, CollectorRegistry(), clock=clock, tick_s=0.001)
+            canary = CanaryRunner(SmallCalls.using(session), SECRET, CollectorRegistry(), clock=clock, tick_s=0.001)
             tasks = TaskSupervisor("canary-test")
             try:
                 tasks.spawn(canary.schedule(lambda: policies), "schedule")

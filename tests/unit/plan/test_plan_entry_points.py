@@ -16,6 +16,7 @@ from gateway.cli.main import main
 from gateway.errors import BadRequest, GatewayError, NotFound
 from gateway.plan.admin import plan_view
 from gateway.policy.loader import PolicySet, load_policy_set
+from gateway.proxy.smallcalls import SmallCalls
 from gateway.reuse.record import TraceRecord
 from gateway.reuse.store import trace_store_for
 from tests.harness import PolicyDir
@@ -184,7 +185,7 @@ def policies(tmp_path: Path) -> PolicySet:
 def _refusal(policies: PolicySet, query: str) -> GatewayError:
     async def ask() -> None:
         async with aiohttp.ClientSession() as session:
-            await plan_view(None, policies, session, query.encode())
+            await plan_view(None, policies, SmallCalls.using(session), query.encode())
 
     with pytest.raises(GatewayError) as raised:
         asyncio.run(ask())

@@ -1,0 +1,1 @@
+from tests.unit.live_redis import redis_server as redis_server

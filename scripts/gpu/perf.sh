@@ -4,8 +4,12 @@
 # network, so everything it needs travels in the carried stage folder:
 #   bash scripts/gpu/perf_stage.sh            # here: wheels for Python 3.12 + nginx .debs into .stage/perf
 #   carry [".stage/perf"]; command: bash scripts/gpu/perf.sh STEP [STEP ...]
-# Steps (each writes into $OUT): check, overhead, prompt, workers, shadow. Core sets below keep the process
-# under test on its own cores, away from the upstream and the load generators.
+# Steps (each writes into $OUT): check, overhead, before, events, prompt, idle, workers, shadow. Core sets below
+# keep the process under test on its own cores, away from the upstream and the load generators.
+#   before: the overhead benchmark with an earlier tree's gateway/ and loadtests/ (BEFORE, default .stage/before,
+#           made with `git archive <commit> gateway loadtests | tar -x -C .stage/before`; carry it too)
+#   events: the overhead benchmark at c=32 with one token per answer (EVENTS_ARGS), to split the per-request
+#           cost into its fixed part and its per-event part against the 64-token run
 set -uo pipefail
 STAGE=${STAGE:-.stage/perf}
 OUT=${OUT:-/tmp/kvg-perf}
@@ -25,6 +29,15 @@ step() {
     overhead)
       python3 -m loadtests.proxy_overhead --out "$OUT/overhead.json" --rounds "$ROUNDS" --duration "$DURATION" \
         ${OVERHEAD_ARGS:-} 2>&1 | tee "$OUT/overhead.log" ;;
+    before)
+      (cd "${BEFORE:-.stage/before}" && PYTHONPATH=/tmp/site:$PWD python3 -m loadtests.proxy_overhead \
+        --out "$OUT/overhead-before.json" --rounds "$ROUNDS" --duration "$DURATION" --no-nginx --no-router \
+        ${OVERHEAD_ARGS:-} 2>&1 | tee "$OUT/overhead-before.log") ;;
+    events)
+      python3 -m loadtests.proxy_overhead --out "$OUT/events.json" --rounds "$ROUNDS" --duration "$DURATION" \
+        --concurrency 32 --tokens 1 ${EVENTS_ARGS:-} 2>&1 | tee "$OUT/events.log" ;;
+    idle)
+      python3 -m loadtests.idle_memory --out "$OUT/idle.json" --runs 3 --attribute 2>&1 | tee "$OUT/idle.log" ;;
     prompt)
       python3 -m loadtests.prompt_size --out "$OUT/prompt.json" ${PROMPT_ARGS:-} 2>&1 | tee "$OUT/prompt.log" ;;
     workers)

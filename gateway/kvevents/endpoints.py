@@ -49,8 +49,20 @@ def connect_address(endpoint: str) -> str:
     return endpoint
 
 
+MAX_PORT = 65535
+
+
+class NoNextPortError(ValueError):
+    """The event port is the last TCP port, so the replay endpoint cannot be port + 1."""
+
+
 def next_port(endpoint: str) -> str | None:
+    """The replay endpoint by convention (event port + 1); None when the endpoint has no numeric TCP port. The
+    policy model refuses a top-port endpoint without `replay`, so a loaded policy never reaches the error."""
     head, colon, port = endpoint.rpartition(":")
     if not endpoint.startswith("tcp://") or not colon or not port.isdigit():
         return None
+    if int(port) >= MAX_PORT:
+        raise NoNextPortError(f"{endpoint}: port {int(port)} has no next port for the replay endpoint; "
+                              "name the replay endpoint explicitly")
     return f"{head}:{int(port) + 1}"

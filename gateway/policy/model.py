@@ -25,6 +25,9 @@ PUBLIC_CAPABLE_PATHS = frozenset({"/livez", "/readyz", "/metrics"})
 GATEWAY_ENV_PREFIX = "KVGATE_"
 MAX_SALT_EPOCH = 1_000_000  # a counter raised by `tenant forget`; a date-like value is a mistake
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A `tcp://host:port` endpoint's port; the replay endpoint defaults to port + 1 (gateway/kvevents/endpoints.py).
+TCP_PORT = re.compile(r"^tcp://.*:(\d+)$")
+MAX_PORT = 65535
 
 
 class Strict(BaseModel):
@@ -73,6 +76,20 @@ class PoolConfig(Strict):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"upstream {url!r} must start with http:// or https://")
         return [url.rstrip("/") for url in urls]
+
+    @field_validator("kv_events")
+    @classmethod
+    def _replay_port_exists(cls, entries: list[str | KvEventSource]) -> list[str | KvEventSource]:
+        # Without `replay`, kvgate asks port + 1 for replay; on the last TCP port there is none.
+        for entry in entries:
+            endpoint = entry if isinstance(entry, str) else None if entry.replay else entry.endpoint
+            port = TCP_PORT.match(endpoint) if endpoint is not None else None
+            if port is not None and int(port[1]) > MAX_PORT:
+                raise ValueError(f"kv_events endpoint {endpoint!r}: {int(port[1])} is not a TCP port (1-{MAX_PORT})")
+            if port is not None and int(port[1]) == MAX_PORT:
+                raise ValueError(f"kv_events endpoint {endpoint!r}: port {int(port[1])} leaves no port + 1 for "
+                                 "replay; give it as {endpoint: ..., replay: ...}")
+        return entries
 
     @field_validator("api_key_env")
     @classmethod

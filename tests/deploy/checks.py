@@ -16,7 +16,9 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_settings import BaseSettings
 
+from gateway.ledger.config import LedgerSettings
 from gateway.settings import Settings
 from tests.deploy.tools import DEPLOY, DeployTools, output, run, system_tool
 
@@ -45,30 +47,71 @@ LIMIT_SAMPLES: dict[str, object] = {
 }
 
 
-def env_name(setting: str) -> str:
-    return f"KVGATE_{setting.upper()}"
+# Every ledger setting (gateway/ledger/config.py), read from the model so that a new one cannot be left out of
+# the examples unnoticed: each example carries it, with its default, like the limits above.
+LEDGER_PREFIX = "KVGATE_LEDGER_"
+LEDGER_SETTINGS = tuple(LedgerSettings.model_fields)
+
+# A value other than the default for each. compact_after_s is unset by default (the horizon then follows the
+# policies' retention), so the examples name it without a value and this sets it.
+LEDGER_SAMPLES: dict[str, object] = {
+    "flush_interval_s": 0.5, "spool_events": 400_000, "replay_timeout_s": 3.5, "probe_interval_s": 10.0,
+    "lost_after_s": 60.0, "salt_refresh_s": 2.5, "sweep_interval_s": 15.0, "compact_after_s": 1_209_600.0,
+    "compact_interval_s": 1800.0, "known_hashes": 3_000_000, "sqlite_busy_timeout_ms": 20_000,
+    "user_salts": 250_000, "redis_prefix": "team-a:ledger:",
+}
+
+
+def env_name(setting: str, prefix: str = "KVGATE_") -> str:
+    return f"{prefix}{setting.upper()}"
+
+
+def ledger_env_name(setting: str) -> str:
+    return env_name(setting, LEDGER_PREFIX)
+
+
+def setting_env_names() -> set[str]:
+    """Every variable kvgate reads: the process settings and the ledger's."""
+    return ({env_name(name) for name in Settings.model_fields}
+            | {ledger_env_name(name) for name in LedgerSettings.model_fields})
 
 
 def limit_defaults() -> dict[str, object]:
     return {name: Settings.model_fields[name].default for name in LIMIT_SETTINGS}
 
 
-def limit_problems(env: Mapping[str, str], expected: Mapping[str, object]) -> list[str]:
-    """Each expected setting is in `env` (KVGATE_* name to the string the process gets) and kvgate parses it,
-    with its own validation, to the expected value."""
+def ledger_defaults() -> dict[str, object]:
+    return {name: LedgerSettings.model_fields[name].default for name in LEDGER_SETTINGS}
+
+
+def limit_problems(env: Mapping[str, str | None], expected: Mapping[str, object]) -> list[str]:
+    return setting_problems(Settings, "KVGATE_", env, expected)
+
+
+def ledger_problems(env: Mapping[str, str | None], expected: Mapping[str, object]) -> list[str]:
+    return setting_problems(LedgerSettings, LEDGER_PREFIX, env, expected)
+
+
+def setting_problems(model: type[BaseSettings], prefix: str, env: Mapping[str, str | None],
+                     expected: Mapping[str, object]) -> list[str]:
+    """Each expected setting is in `env` (variable name to the string the process gets) and kvgate parses it,
+    with its own validation, to the expected value. A setting expected unset (None) must reach the process
+    unset: absent, or named with no value (Compose's `NAME:`); an empty string would be refused by kvgate."""
     problems = []
     for name, wanted in expected.items():
-        text = env.get(env_name(name))
+        variable = env_name(name, prefix)
+        text = env.get(variable)
         if text is None:
-            problems.append(f"{env_name(name)} is missing")
+            if wanted is not None:
+                problems.append(f"{variable} is missing")
             continue
         try:
-            parsed = getattr(Settings.model_validate({name: text}), name)
+            parsed = getattr(model.model_validate({name: text}), name)
         except ValidationError as error:
-            problems.append(f"{env_name(name)}={text!r} is refused by kvgate: {error.errors()[0]['msg']}")
+            problems.append(f"{variable}={text!r} is refused by kvgate: {error.errors()[0]['msg']}")
             continue
         if parsed != wanted:
-            problems.append(f"{env_name(name)}={text!r} is {parsed!r}, expected {wanted!r}")
+            problems.append(f"{variable}={text!r} is {parsed!r}, expected {wanted!r}")
     return problems
 
 

@@ -15,14 +15,19 @@ import pytest
 import yaml
 
 from gateway.keys import hash_key
-from gateway.settings import Settings
 from tests.deploy.checks import (
+    LEDGER_SAMPLES,
+    LEDGER_SETTINGS,
     LIMIT_SAMPLES,
     compose_config,
     compose_problems,
     env_name,
+    ledger_defaults,
+    ledger_env_name,
+    ledger_problems,
     limit_defaults,
     limit_problems,
+    setting_env_names,
 )
 from tests.deploy.tools import DEPLOY, REPO, DeployTools, output, run
 from tests.procs import kvgate_command
@@ -30,7 +35,7 @@ from tests.procs import kvgate_command
 COMPOSE_DIR = DEPLOY / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
 SECRETS = ("KVGATE_SALT_SECRET", "VLLM_OFFLOAD_KEY", "VLLM_CONTROL_KEY", "GRAFANA_ADMIN_PASSWORD")
-SETTINGS_ENV = {f"KVGATE_{name.upper()}" for name in Settings.model_fields}
+SETTINGS_ENV = setting_env_names()
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +124,23 @@ def test_limits_follow_the_env_file(deploy_tools: DeployTools, env_file: Path, t
     overridden.write_text(env_file.read_text() + "".join(lines))
     project = compose_config(deploy_tools, COMPOSE_FILE, overridden)
     assert limit_problems(project["services"]["kvgate"]["environment"], LIMIT_SAMPLES) == []
+
+
+def test_kvgate_gets_every_ledger_setting_with_its_default(project: dict[str, Any]) -> None:
+    """KVGATE_LEDGER_COMPACT_AFTER_S is named without a value: unset in the container unless .env sets it."""
+    environment = project["services"]["kvgate"]["environment"]
+    assert ledger_problems(environment, ledger_defaults()) == []
+    assert environment["KVGATE_LEDGER_COMPACT_AFTER_S"] is None
+
+
+def test_ledger_settings_follow_the_env_file(deploy_tools: DeployTools, env_file: Path, tmp_path: Path) -> None:
+    """Every ledger setting is `${VAR:-default}` (or named alone): a line in .env changes it."""
+    assert set(LEDGER_SAMPLES) == set(LEDGER_SETTINGS)
+    overridden = tmp_path / "env"
+    lines = [f"{ledger_env_name(name)}={value}\n" for name, value in LEDGER_SAMPLES.items()]
+    overridden.write_text(env_file.read_text() + "".join(lines))
+    project = compose_config(deploy_tools, COMPOSE_FILE, overridden)
+    assert ledger_problems(project["services"]["kvgate"]["environment"], LEDGER_SAMPLES) == []
 
 
 def test_compose_policy_templates_are_valid() -> None:

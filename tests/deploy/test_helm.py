@@ -16,18 +16,22 @@ import pytest
 import yaml
 
 from gateway.keys import hash_key, new_key
-from gateway.settings import Settings
 from tests.deploy.checks import (
     CHART,
+    LEDGER_SAMPLES,
+    LEDGER_SETTINGS,
     LIMIT_SAMPLES,
     LIMIT_SETTINGS,
     helm_problems,
     helm_report,
     kubernetes_problems,
+    ledger_defaults,
+    ledger_problems,
     limit_defaults,
     limit_problems,
     manifests,
     schema_problems,
+    setting_env_names,
 )
 from tests.deploy.tools import DEPLOY, DeployTools, output, run
 from tests.harness import bearer, new_secret
@@ -38,7 +42,7 @@ EXAMPLE_DIR = DEPLOY / "helm" / "examples" / "production-stack"
 EXAMPLE_VALUES = EXAMPLE_DIR / "kvgate-values.yaml"
 VLLM_STACK_VALUES = EXAMPLE_DIR / "vllm-stack-values.yaml"
 VALUES_FILES = {"defaults": None, "production": CI_VALUES, "production-stack": EXAMPLE_VALUES}
-SETTINGS_ENV = {f"KVGATE_{name.upper()}" for name in Settings.model_fields}
+SETTINGS_ENV = setting_env_names()
 # values.limits set to LIMIT_SAMPLES; 2,000,000 would render as 2e+06 without int64.
 LIMIT_OVERRIDES: dict[str, Any] = {
     "maxHeaderBytes": 32768, "headerTimeoutSeconds": 2.5, "idleTimeoutSeconds": 30, "bodyTimeoutSeconds": 120,
@@ -46,6 +50,13 @@ LIMIT_OVERRIDES: dict[str, Any] = {
     "connectTimeoutSeconds": 1.5, "readTimeoutSeconds": 900, "upstreamConnections": 4096,
     "admissionSketchWidth": 4096,
     "reuseTrace": {"enabled": False, "blockTokens": 64, "sampleRate": 0.25, "maxRoots": 5000, "maxRecords": 1_500_000},
+}
+# values.ledger set to LEDGER_SAMPLES.
+LEDGER_OVERRIDES: dict[str, Any] = {
+    "flushIntervalSeconds": 0.5, "spoolEvents": 400_000, "replayTimeoutSeconds": 3.5, "probeIntervalSeconds": 10,
+    "lostAfterSeconds": 60, "saltRefreshSeconds": 2.5, "sweepIntervalSeconds": 15, "compactAfterSeconds": 1_209_600,
+    "compactIntervalSeconds": 1800, "knownHashes": 3_000_000, "sqliteBusyTimeoutMs": 20_000, "userSalts": 250_000,
+    "redisPrefix": "team-a:ledger:",
 }
 
 
@@ -141,6 +152,21 @@ def test_every_limit_value_reaches_the_pod(deploy_tools: DeployTools) -> None:
     assert limit_problems(env_values(deployment), LIMIT_SAMPLES) == []
 
 
+@pytest.mark.parametrize("case", VALUES_FILES)
+def test_ledger_settings_render_as_kvgate_defaults(case: str, rendered: dict[str, Any]) -> None:
+    """compactAfterSeconds is null by default: its variable is left out (an empty value would be refused)."""
+    (deployment,) = find(objects_of(rendered, case), "Deployment")
+    assert ledger_problems(env_values(deployment), ledger_defaults()) == []
+    assert "KVGATE_LEDGER_COMPACT_AFTER_S" not in container_env(deployment)
+
+
+def test_every_ledger_value_reaches_the_pod(deploy_tools: DeployTools) -> None:
+    assert set(LEDGER_SAMPLES) == set(LEDGER_SETTINGS)
+    case = helm_report(deploy_tools, CHART, {"ledger": {"ledger": LEDGER_OVERRIDES}})["ledger"]
+    (deployment,) = find(objects_of({"ledger": case}, "ledger"), "Deployment")
+    assert ledger_problems(env_values(deployment), LEDGER_SAMPLES) == []
+
+
 def policy_dir_from(objects: list[dict[str, Any]], root: Path) -> Path:
     """Lay the ConfigMap out as the kubelet does for the Deployment's volume: only the listed items, at their
     paths, behind a `..data` symlink that is swapped on every update."""
@@ -234,12 +260,17 @@ def test_render_time_guards(deploy_tools: DeployTools) -> None:
         "limits-sketch-not-a-power-of-two": {"limits": {"admissionSketchWidth": 1000}},
         "limits-misspelt": {"limits": {"maxHeadersBytes": 8192}},
         "limits-zero-timeout": {"limits": {"idleTimeoutSeconds": 0}},
+        "ledger-spool-too-small": {"ledger": {"spoolEvents": 1000}},
+        "ledger-misspelt": {"ledger": {"flushIntervalSecs": 1}},
+        "ledger-empty-horizon": {"ledger": {"compactAfterSeconds": ""}},
     })
     expected = {"replicas-without-redis": "needs redis.url", "unmapped-upstream-key": "secrets.upstreamKeys",
                 "probe-path-not-public": "/readyz", "duplicate-tenant": "listed twice",
                 "empty-network-selector": "podSelector", "schema-violation": "minimum",
                 "limits-too-deep": "maximum", "limits-sketch-not-a-power-of-two": "admissionSketchWidth",
-                "limits-misspelt": "maxHeadersBytes", "limits-zero-timeout": "idleTimeoutSeconds"}
+                "limits-misspelt": "maxHeadersBytes", "limits-zero-timeout": "idleTimeoutSeconds",
+                "ledger-spool-too-small": "minimum", "ledger-misspelt": "flushIntervalSecs",
+                "ledger-empty-horizon": "compactAfterSeconds"}
     for case, words in expected.items():
         problems = helm_problems(report[case])
         assert any(words in problem for problem in problems), (case, problems)

@@ -14,8 +14,18 @@ import httpx
 import yaml
 
 from gateway.keys import hash_key, new_key
-from gateway.settings import Settings
-from tests.deploy.checks import limit_defaults, limit_problems, systemd_problems, systemd_root, unit_entries
+from gateway.ledger.config import LedgerSettings
+from tests.deploy.checks import (
+    ledger_defaults,
+    ledger_env_name,
+    ledger_problems,
+    limit_defaults,
+    limit_problems,
+    setting_env_names,
+    systemd_problems,
+    systemd_root,
+    unit_entries,
+)
 from tests.deploy.tools import DEPLOY, REPO, output, run, system_tool
 from tests.harness import bearer, new_secret
 from tests.procs import free_port, run_server
@@ -51,17 +61,19 @@ def test_hardening_settings_the_deployment_relies_on() -> None:
     environment = dict(entry.split("=", 1) for entry in values("Environment"))
     assert environment["KVGATE_POLICIES"] == settings["ReadOnlyPaths"]
     assert environment["KVGATE_STATE_PATH"].startswith(f"/var/lib/{settings['StateDirectory']}/")
-    known = {f"KVGATE_{name.upper()}" for name in Settings.model_fields}
+    known = setting_env_names()
     example_names = {line.lstrip("# ").split("=", 1)[0] for line in ENV_EXAMPLE.read_text().splitlines()
                      if "=" in line and line.lstrip("# ").startswith("KVGATE_")}
     unknown = ({name for name in environment if name.startswith("KVGATE_")} | example_names) - known
     assert not unknown, f"not kvgate settings (pydantic-settings would silently ignore them): {unknown}"
 
 
-def test_env_example_lists_every_limit_with_its_default_and_a_reason() -> None:
-    """Commented `# KVGATE_X=default` lines (systemd ignores them), each after a one-line comment saying why."""
+def commented_settings() -> tuple[dict[str, str], dict[str, str]]:
+    """The env example's commented `# KVGATE_X=default` lines (systemd ignores them), as name -> value and
+    name -> the one-line comment above saying why; a setting without such a comment fails here."""
     lines = ENV_EXAMPLE.read_text().splitlines()
     commented: dict[str, str] = {}
+    reasons: dict[str, str] = {}
     for index, line in enumerate(lines):
         setting = re.fullmatch(r"# (KVGATE_[A-Z0-9_]+)=(\S*)", line)
         if setting is None:
@@ -69,7 +81,27 @@ def test_env_example_lists_every_limit_with_its_default_and_a_reason() -> None:
         commented[setting[1]] = setting[2]
         reason = lines[index - 1]
         assert reason.startswith("# ") and not re.match(r"# KVGATE_[A-Z0-9_]+=", reason), f"{line}: no reason above"
+        reasons[setting[1]] = reason
+    return commented, reasons
+
+
+def test_env_example_lists_every_limit_with_its_default_and_a_reason() -> None:
+    commented, _ = commented_settings()
     assert limit_problems(commented, limit_defaults()) == []
+
+
+def test_env_example_lists_every_ledger_setting_with_its_default_and_a_reason() -> None:
+    """A setting unset by default shows a value kvgate accepts, and its reason says it is unset by default
+    (a line left empty would be refused once uncommented)."""
+    commented, reasons = commented_settings()
+    defaults = ledger_defaults()
+    unset = sorted(name for name, value in defaults.items() if value is None)
+    assert ledger_problems(commented, {name: value for name, value in defaults.items() if value is not None}) == []
+    for name in unset:
+        variable = ledger_env_name(name)
+        assert variable in commented, f"{variable} is missing"
+        LedgerSettings.model_validate({name: commented[variable]})
+        assert "unset by default" in reasons[variable], reasons[variable]
 
 
 def test_sysusers_creates_the_dedicated_user(tmp_path: Path) -> None:

@@ -157,12 +157,23 @@ SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")
 
 
 def words(tokens: list[int]) -> str:
-    """Token ids as words (one word per id, the same word for the same id), for the text and chat formats."""
-    out = []
-    for token in tokens:
-        first, rest = divmod(token, len(SYLLABLES))
-        out.append(SYLLABLES[rest] + SYLLABLES[first % len(SYLLABLES)] + ("" if token % 3 else SYLLABLES[token % 70]))
-    return " ".join(out)
+    """Token ids as words, one word per id and a different word for every id, for the text and chat formats."""
+    return " ".join(_word(token) for token in tokens)
+
+
+def _word(token: int) -> str:
+    # The id's base-70 digits as consonant-vowel syllables, least significant first. Every syllable is two letters,
+    # so a word splits into its digits one way only, and the digits sum back to the id: distinct ids, distinct
+    # words, however large the vocabulary. Ids divisible by 3 carry one more zero digit ("ba"), so word lengths
+    # vary without changing what they spell.
+    if token < 0:
+        raise ValueError(f"token id {token} is negative")
+    digits: list[str] = []
+    rest = token
+    while rest or len(digits) < (3 if token % 3 == 0 else 2):
+        rest, digit = divmod(rest, len(SYLLABLES))
+        digits.append(SYLLABLES[digit])
+    return "".join(digits)
 
 
 def request_body(

@@ -169,6 +169,42 @@ def test_words_are_one_per_id_and_the_same_for_the_same_id() -> None:
     assert len(set(words([token]) for token in range(3, 3000))) == 2997  # distinct ids, distinct words
 
 
+# The independent oracle: consonants then vowels, as letters, and a word read back as base-70 digits, least
+# significant first.
+CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
+
+
+def read_word(word: str) -> int:
+    assert len(word) % 2 == 0 and len(word) >= 4, word
+    value = 0
+    for place, start in enumerate(range(0, len(word), 2)):
+        consonant, vowel = word[start], word[start + 1]
+        value += (CONSONANTS.index(consonant) * len(VOWELS) + VOWELS.index(vowel)) * 70**place
+    return value
+
+
+def test_every_id_below_400_000_has_its_own_word() -> None:
+    """Every id of any vocabulary up to 400,000 (the default 32,000, 151,936 and 256,000 ones included, and both
+    base-70 digit boundaries, 4,900 and 343,000). Wrong version: two syllables from id mod 70 and id // 70 mod 70,
+    where 4,900 and 0 share a word."""
+    ids = range(400_000)
+    spelt = words(list(ids)).split(" ")
+    assert len(spelt) == len(ids) and len(set(spelt)) == len(ids)
+
+
+@given(st.integers(0, 2**48))
+@settings(max_examples=300, deadline=None)
+def test_a_word_reads_back_as_its_id(token: int) -> None:
+    (word,) = words([token]).split(" ")
+    assert word.isalpha() and word.isascii()
+    assert read_word(word) == token
+
+
+def test_a_negative_id_is_refused() -> None:
+    with pytest.raises(ValueError, match="negative"):
+        words([-1])
+
+
 REQUEST = WorkloadRequest(0, "doc-0", [("system", [10, 11]), ("user", [12])])
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.kvevents.endpoints import SourceSpec, connect_address, next_port, plan_sources
+from gateway.kvevents.endpoints import NoNextPortError, SourceSpec, connect_address, next_port, plan_sources
 from gateway.kvevents.sequence import Arrival, Cursor, SequenceTracker, Verdict
 from gateway.kvevents.subscriber import _judge_first
 from gateway.kvevents.wire import Envelope, EventBatch
@@ -149,6 +149,13 @@ def test_the_replay_port_is_the_next_one_when_it_can_be_derived(endpoint: str, r
     assert next_port(endpoint) == replay
 
 
+@pytest.mark.parametrize("endpoint", ["tcp://h:65535", "tcp://[::1]:65535", "tcp://h:70000"])
+def test_the_last_tcp_port_has_no_next_port(endpoint: str) -> None:
+    """Wrong version: port + 1 = 65536, an address zmq cannot connect to, found only when replay is first asked."""
+    with pytest.raises(NoNextPortError, match="no next port"):
+        next_port(endpoint)
+
+
 def gateway_with(pools: dict[str, object]) -> GatewayConfig:
     return GatewayConfig.model_validate({"pools": pools, "default_pool": next(iter(pools))})
 
@@ -185,3 +192,21 @@ def test_sources_of_several_pools_keep_the_pools_order() -> None:
 def test_a_malformed_source_entry_is_refused_by_the_policy_model(entry: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="kv_events"):
         gateway_with({"p": {"upstreams": ["http://a"], "kv_events": [entry]}})
+
+
+@pytest.mark.parametrize(("entry", "words"), [
+    ("tcp://h:65535", "leaves no port \\+ 1 for replay"),
+    ("tcp://*:65535", "leaves no port \\+ 1 for replay"),
+    ({"endpoint": "tcp://h:65535"}, "leaves no port \\+ 1 for replay"),
+    ("tcp://h:65536", "not a TCP port"),
+])
+def test_a_top_port_source_without_a_replay_endpoint_is_refused_by_the_policy_model(
+    entry: str | dict[str, object], words: str
+) -> None:
+    with pytest.raises(ValueError, match=words):
+        gateway_with({"p": {"upstreams": ["http://a"], "kv_events": [entry]}})
+
+
+def test_a_top_port_source_with_its_own_replay_endpoint_is_accepted() -> None:
+    pool = {"upstreams": ["http://a"], "kv_events": [{"endpoint": "tcp://h:65535", "replay": "tcp://h:65534"}]}
+    assert plan_sources(gateway_with({"p": pool})) == [SourceSpec("p/0", "tcp://h:65535", "tcp://h:65534")]

@@ -25,7 +25,7 @@ from gateway.errors import BadRequest
 from gateway.proxy.shape import NOT_STRUCTURE
 
 PROMPT_FIELDS = ("messages", "prompt", "input")
-RAW_PROMPT_BYTES = 16 * 1024
+RAW_PROMPT_BYTES = 8 * 1024
 # Heads decoded for the affinity prefix, smallest first: 256 characters of plain text take about 300 bytes, and
 # at most 256 × 12 bytes (`\ud83d\ude00` is one character) plus the brackets and keys before the first text.
 HEAD_BYTES = (1024, 4096)

@@ -5,6 +5,7 @@ would refuse is still refused before anything goes upstream."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from collections.abc import Iterator
 
@@ -95,3 +96,49 @@ def test_a_long_prompt_that_is_not_valid_json_is_refused(echo: Echo, body: bytes
     assert reply.status_code == 400
     error = reply.json()["error"]
     assert message in error["message"] and error["type"] == "invalid_request_error"
+
+
+def http_request(key: str, body: bytes) -> bytes:
+    head = (f"POST /v1/completions HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer {key}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+def read_responses(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:
+    """`count` HTTP/1.1 responses with content-length bodies, in order."""
+    data, responses = b"", []
+    while len(responses) < count:
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536) or pytest.fail("connection closed")
+        head, data = data.split(b"\r\n\r\n", 1)
+        lines = head.split(b"\r\n")
+        length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length:"))
+        while len(data) < length:
+            data += sock.recv(65536) or pytest.fail("connection closed")
+        responses.append((int(lines[0].split(b" ")[1]), data[:length]))
+        data = data[length:]
+    return responses
+
+
+def test_pipelined_requests_keep_their_own_bodies(echo: Echo) -> None:
+    """The second request arrives (headers and body) while the first is served; the first one's completion must
+    not drop the second's buffered body."""
+    prompts = [json.dumps(f"{name} " * 4000) for name in ("first", "second")]
+    requests = [http_request(echo.policy.keys["acme"], f'{{"model": "m", "prompt": {p}}}'.encode()) for p in prompts]
+    with socket.create_connection(("127.0.0.1", echo.gateway.port), timeout=30) as sock:
+        sock.sendall(b"".join(requests))
+        replies = read_responses(sock, 2)
+    for (status, body), prompt in zip(replies, prompts, strict=True):
+        assert status == 200, body
+        assert prompt.encode() in body
+
+
+def test_a_connection_serves_on_after_a_large_body_is_refused_unread(echo: Echo) -> None:
+    prompt = json.dumps("x" * 600_000)
+    body = f'{{"model": "m", "prompt": {prompt}}}'.encode()
+    with socket.create_connection(("127.0.0.1", echo.gateway.port), timeout=30) as sock:
+        sock.sendall(http_request("not-a-key", body))
+        assert read_responses(sock, 1)[0][0] == 401
+        sock.sendall(http_request(echo.policy.keys["acme"], body))
+        status, echoed = read_responses(sock, 1)[0]
+    assert status == 200 and prompt.encode() in echoed

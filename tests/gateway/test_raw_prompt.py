@@ -106,7 +106,8 @@ def http_request(key: str, body: bytes) -> bytes:
 
 def read_responses(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:
     """`count` HTTP/1.1 responses with content-length bodies, in order."""
-    data, responses = b"", []
+    data = b""
+    responses: list[tuple[int, bytes]] = []
     while len(responses) < count:
         while b"\r\n\r\n" not in data:
             data += sock.recv(65536) or pytest.fail("connection closed")

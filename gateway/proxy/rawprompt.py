@@ -78,16 +78,16 @@ def decoded(value: object) -> object:
 
 
 def decoded_head(raw: msgspec.Raw, size: int) -> object | None:
-    """The value of the first `size` bytes of a long JSON value, made whole: the string cut there ends at the cut
-    and the open arrays and objects are closed. Every string in it is the start of the real one, and every value
-    before it is complete. None when the cut is not inside a string (no cheap repair) or the repair does not
-    decode; the caller then decodes the whole value."""
+    """The value of the first `size` bytes of a long JSON value, made whole: a string cut there ends at the cut (a
+    cut between values, as in a list of token ids, goes back to the last comma) and the open arrays and objects
+    are closed. So every value in it is complete except the last one, which may be cut short (a string: its
+    start). None when the repair does not decode; the caller then decodes the whole value."""
     if len(raw) <= size:
         return None
     head = bytes(memoryview(raw)[:size])
     inside, skeleton = _cut_state(head)
     if not inside:
-        return None  # the cut falls between values (in a number, after a comma): not repaired
+        return _head_to_last_comma(head)
     closers = _closers(skeleton)
     if closers is None:
         return None
@@ -100,6 +100,22 @@ def decoded_head(raw: msgspec.Raw, size: int) -> object | None:
         except msgspec.DecodeError:
             continue  # an escape or a UTF-8 sequence cut in half: back off one more byte
     return None
+
+
+def _head_to_last_comma(head: bytes) -> object | None:
+    """A head cut between values (in a number, a literal, after a colon), made whole up to its last comma."""
+    cut = head.rfind(b",")
+    if cut < 0:
+        return None
+    inside, skeleton = _cut_state(head[:cut])
+    closers = None if inside else _closers(skeleton)  # a comma inside a string: not repaired
+    if closers is None:
+        return None
+    try:
+        value: object = msgspec.json.decode(head[:cut] + closers)
+    except msgspec.DecodeError:  # e.g. an object cut after a key: the caller decodes the whole value
+        return None
+    return value
 
 
 def _cut_state(head: bytes) -> tuple[bool, bytes]:

@@ -97,6 +97,7 @@ def _lmcache(request: dict[str, Any], tenant: TenantPolicy, secret: bytes) -> di
 
 
 AFFINITY_CHARS = 256
+PREFIX_ITEMS = 8  # the items of a prompt list the prefix reads
 
 
 def prompt_prefix(request: dict[str, Any]) -> str:
@@ -114,10 +115,13 @@ def _raw_text(raw: msgspec.Raw) -> str:
     AFFINITY_CHARS characters of text, else from the whole value."""
     for size in HEAD_BYTES:
         head = decoded_head(raw, size)
-        if head is not None:
-            text = _text_of(head)
-            if len(text) >= AFFINITY_CHARS:  # all of it from complete values and the start of the one cut
-                return text
+        if head is None:
+            continue
+        text = _text_of(head)
+        # Only the head's last value may be cut short, and its text is the start of the real one: the prefix is
+        # exact once it is long enough, or when that value lies past the list items the prefix reads.
+        if len(text) >= AFFINITY_CHARS or (isinstance(head, list) and len(head) > PREFIX_ITEMS):
+            return text
     try:
         return _text_of(decoded(raw))
     except msgspec.DecodeError:  # a number out of float range: the engine refuses the request
@@ -132,7 +136,7 @@ def _text_of(value: object) -> str:
     if isinstance(value, list):
         pieces: list[str] = []
         length = 0
-        for item in value[:8]:
+        for item in value[:PREFIX_ITEMS]:
             piece = _text_of(item)
             pieces.append(piece)
             length += len(piece)

@@ -105,10 +105,22 @@ def test_the_head_of_a_plain_string_prompt_is_read_from_the_head(size: int) -> N
     assert isinstance(head, str) and head[:256] == "é" * 256
 
 
-def test_a_cut_between_values_is_not_repaired() -> None:
-    kept = decode_request(json.dumps({"prompt": list(range(2000))}).encode(), raw_from=0)["prompt"]
-    assert decoded_head(kept, HEAD_BYTES[0]) is None
-    assert prompt_prefix({"prompt": kept}) == prompt_prefix({"prompt": list(range(2000))})
+def test_a_cut_between_values_goes_back_to_the_last_comma() -> None:
+    ids = list(range(100_000, 103_000))
+    kept = decode_request(json.dumps({"prompt": ids}).encode(), raw_from=0)["prompt"]
+    head = decoded_head(kept, HEAD_BYTES[0])
+    assert isinstance(head, list) and 8 < len(head) < len(ids) and head == ids[: len(head)]
+    assert prompt_prefix({"prompt": kept}) == prompt_prefix({"prompt": ids})
+
+
+@pytest.mark.parametrize("padding", range(60, 160))
+def test_a_short_text_prefix_is_taken_from_the_head_only_past_the_items_it_reads(padding: int) -> None:
+    """Messages with long names and one-word contents: the head holds about eight of them, its last one cut (at
+    some paddings before its content); the prefix must still be that of the whole list."""
+    messages = [{"role": "user", "name": "n" * padding, "content": f"q{index}"} for index in range(30)]
+    kept = decode_request(json.dumps({"messages": messages}).encode(), raw_from=0)["messages"]
+    assert prompt_prefix({"messages": kept}) == prompt_prefix({"messages": messages}) == "".join(
+        f"q{index}" for index in range(8))
 
 
 LONG = "y" * (RAW_PROMPT_BYTES + 10)

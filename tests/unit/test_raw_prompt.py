@@ -9,6 +9,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.errors import BadRequest
 from gateway.policy.model import TenantPolicy
@@ -213,3 +215,25 @@ def test_a_long_field_the_gateway_reads_is_decoded_and_checked() -> None:
     body = json.dumps({"prompt": LONG, "vllm_xargs": {"kv_transfer_params": {"max_load_tokens": 1}, "pad": LONG}})
     with pytest.raises(BadRequest, match=r"vllm_xargs\.kv_transfer_params"):
         rewrite_request(body.encode(), COMPLETIONS, tenant(), SECRET, None)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=12) | st.dictionaries(st.text(max_size=8), children, max_size=6),
+    max_leaves=40)
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=JSON_VALUES, ascii_only=st.booleans(), cut=st.floats(min_value=0.0, max_value=1.0))
+def test_a_repaired_head_is_the_start_of_the_whole_value(value: object, ascii_only: bool, cut: float) -> None:
+    """Wherever the cut falls, a repaired head's values are the whole value's, all complete but the last, whose
+    text is the start of the real one; so its prefix text is the start of the whole prompt's."""
+    raw = json.dumps({"prompt": value}, ensure_ascii=ascii_only).encode()
+    kept = decode_request(raw, raw_from=0)["prompt"]
+    size = int(cut * len(kept))
+    head = decoded_head(kept, size)
+    if head is None:
+        return
+    assert _text_of(value).startswith(_text_of(head))
+    if isinstance(value, list):
+        assert isinstance(head, list) and head[:-1] == value[: len(head) - 1]

@@ -7,8 +7,9 @@ tokenizer sees English words):
   at a time (streaming, as clients do). Per size: the gateway's own `x-kvgate-overhead-ms` header (arrival to the
   request leaving for upstream; p50/p90) and the gateway process's CPU per request (/proc, whole request).
 * **Memory, in process.** tracemalloc around the body path of one request as the proxy runs it — the body
-  joined from the client's chunks, its shape check, the rewrite, the client's bytes dropped, the bytes sent
-  upstream encoded — reported as peak bytes allocated over the body size (the chunks themselves, which exist
+  joined from the client's chunks, its shape check, the rewrite, the client's bytes dropped (a long prompt kept
+  as JSON text still points into them), the bytes sent upstream encoded — reported as peak bytes allocated over
+  the body size (the chunks themselves, which exist
   before the path begins, are not counted). A served gateway's RSS high-water mark cannot be split per
   request, so this focused figure stands for it.
 

@@ -1,7 +1,7 @@
 """What the reuse trace costs per request: the synchronous part on the request path, and the deferred hashing.
 
-The reuse-trace feature's request-path work — `canonical_parts` at the start of the request and
-`ReuseTrace.observe` at its end — is timed in-process on real request bodies, for
+The reuse-trace feature's synchronous work — `canonical_parts` and `ReuseTrace.observe`, both once the reply has
+been sent — is timed in-process on real request bodies, for
 prompts of several shapes and sizes, in three regimes:
 
 - `new roots, sampled`: every request starts a new prefix chain and the sampler keeps it (worst case for the

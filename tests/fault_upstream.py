@@ -1,8 +1,9 @@
 """A deliberately broken upstream for shadow and proxy tests, run as a real process:
-`python -m tests.fault_upstream --port P --mode hang|status500|drop|gzip|gzip-always`.
+`python -m tests.fault_upstream --port P --mode hang|status500|drop|gzip|gzip-always|echo`.
 
 `gzip` compresses its JSON answer when the request's Accept-Encoding allows gzip (as a web server in front of
-vLLM may); `gzip-always` compresses it whatever the request said, and labels it `content-encoding: gzip`."""
+vLLM may); `gzip-always` compresses it whatever the request said, and labels it `content-encoding: gzip`.
+`echo` answers 200 with the request body exactly as it arrived, so a test sees the bytes the gateway sent upstream."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ class FaultyUpstream:
         if scope["path"] == "/health":
             await _reply(send, 200, b"")
             return
+        if self.mode == "echo":
+            await _reply(send, 200, await _read(receive))
+            return
         await _drain(receive)
         if self.mode.startswith("gzip"):
             await _reply_gzip(scope, send, always=self.mode == "gzip-always")
@@ -50,6 +54,15 @@ class FaultyUpstream:
 async def _drain(receive: Receive) -> None:
     while (await receive()).get("more_body", False):
         pass
+
+
+async def _read(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 async def _wait_forever(receive: Receive) -> None:
@@ -75,7 +88,7 @@ async def _reply(send: Send, status: int, body: bytes) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--mode", choices=("hang", "status500", "drop", "gzip", "gzip-always"), required=True)
+    parser.add_argument("--mode", choices=("hang", "status500", "drop", "gzip", "gzip-always", "echo"), required=True)
     args = parser.parse_args()
     uvicorn.run(FaultyUpstream(args.mode), host="127.0.0.1", port=args.port, log_level="critical")
 

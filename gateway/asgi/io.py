@@ -37,9 +37,10 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"The request body exceeds {limit} bytes.")
-        chunks.append(chunk)
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            # A body that came in one message (the usual case, see gateway.limits.connections) is not copied.
+            return b"".join([*chunks, chunk]) if chunks else bytes(chunk)
+        chunks.append(chunk)
 
 
 async def wait_disconnect(receive: Receive) -> None:

@@ -108,7 +108,7 @@ class Proxy:
         body = await self._body(scope, inbound.receive, route, policies)
         prepared = self._prepare(body, route, tenant, scope)
         if prepared is not None:
-            body = b""  # the decoded request replaces the client's bytes: free them before the re-encode
+            body = b""  # the request replaces the client's bytes (a long prompt in it still points into them)
         ex.model = prepared.model if prepared is not None else None
         ex.dropped_fields = prepared.dropped_fields if prepared is not None else ()
         ex.pool = choose_pool(policies, tenant, prepared.user if prepared else None, ex.request_id)

@@ -1,6 +1,7 @@
 """Request body rewriting (docs/http.md): salt, KV-transfer caps, stream options.
 
-Only the fields named here change; every other field of the client's JSON is forwarded as sent.
+Only the fields named here change; every other field of the client's JSON is forwarded as sent, and a long prompt
+is forwarded as the very JSON text the client sent (gateway.proxy.rawprompt).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import msgspec
 from gateway.connectors.lmcache_tags import lmcache_params
 from gateway.errors import BadRequest
 from gateway.policy.model import OffloadPolicy, TenantPolicy
+from gateway.proxy.rawprompt import HEAD_BYTES, decode_request, decoded, decoded_head
 from gateway.proxy.shape import check_user_value
 from gateway.routes import Kind, RouteSpec, StreamStyle
 from gateway.salts import derive_salt
@@ -24,7 +26,9 @@ CAP_KEYS = ("max_load_tokens", "max_offload_tokens")
 
 @dataclass(frozen=True)
 class RewrittenRequest:
-    request: dict[str, Any]  # the rewritten body, open to features (gateway.proxy.features) until encoded
+    # The rewritten body, open to features (gateway.proxy.features) until encoded. A long prompt value is a
+    # msgspec.Raw (its JSON text): read it through gateway.proxy.rawprompt.decoded.
+    request: dict[str, Any]
     upstream_stream: bool
     client_stream: bool
     strip_usage: bool  # the gateway asked for usage the client did not want
@@ -56,7 +60,7 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
 def rewrite_request(
     body: bytes, route: RouteSpec, tenant: TenantPolicy, secret: bytes, header_user: str | None
 ) -> RewrittenRequest:
-    request = parse_json_object(body)
+    request = decode_request(body)
     check_user_value(request.get("user"), "user")
     kind = route.kind
     check_types(request, route)
@@ -93,14 +97,35 @@ def _lmcache(request: dict[str, Any], tenant: TenantPolicy, secret: bytes) -> di
 
 
 AFFINITY_CHARS = 256
+PREFIX_ITEMS = 8  # the items of a prompt list the prefix reads
 
 
 def prompt_prefix(request: dict[str, Any]) -> str:
     """The first characters of the prompt, whichever API field carries it."""
     for field in ("prompt", "messages", "input"):
         if field in request:
-            return _text_of(request[field])[:AFFINITY_CHARS]
+            value = request[field]
+            text = _raw_text(value) if isinstance(value, msgspec.Raw) else _text_of(value)
+            return text[:AFFINITY_CHARS]
     return ""
+
+
+def _raw_text(raw: msgspec.Raw) -> str:
+    """The start of a prompt kept as JSON text: from its first KiB, or its first few, when they hold
+    AFFINITY_CHARS characters of text, else from the whole value."""
+    for size in HEAD_BYTES:
+        head = decoded_head(raw, size)
+        if head is None:
+            continue
+        text = _text_of(head)
+        # Only the head's last value may be cut short, and its text is the start of the real one: the prefix is
+        # exact once it is long enough, or when that value lies past the list items the prefix reads.
+        if len(text) >= AFFINITY_CHARS or (isinstance(head, list) and len(head) > PREFIX_ITEMS):
+            return text
+    try:
+        return _text_of(decoded(raw))
+    except msgspec.DecodeError:  # a number out of float range: the engine refuses the request
+        return ""
 
 
 def _text_of(value: object) -> str:
@@ -111,7 +136,7 @@ def _text_of(value: object) -> str:
     if isinstance(value, list):
         pieces: list[str] = []
         length = 0
-        for item in value[:8]:
+        for item in value[:PREFIX_ITEMS]:
             piece = _text_of(item)
             pieces.append(piece)
             length += len(piece)

@@ -31,7 +31,7 @@ def check_json_shape(body: bytes, limits: JsonLimits) -> None:
     openers = count_up_to(body, b"{", limits.max_depth + 1) + count_up_to(body, b"[", limits.max_depth + 1)
     # Values are counted as openers plus commas, so a body of at most `max_items` bytes cannot hold too many:
     # its commas need not be counted (bytes.count reads every byte; the opener counts above are memchr jumps).
-    few_values = len(body) <= limits.max_items or openers + body.count(b",") <= limits.max_items
+    few_values = len(body) <= limits.max_items or openers + comma_count(body) <= limits.max_items
     if openers <= limits.max_depth and few_values:
         return  # even counting brackets inside strings, neither bound can be reached
     skeleton = structure_outside_strings(body)
@@ -40,6 +40,16 @@ def check_json_shape(body: bytes, limits: JsonLimits) -> None:
         raise BadRequest(f"The JSON body holds more than {limits.max_items} values.")
     if json_depth_exceeds(skeleton.replace(b",", b""), limits.max_depth):
         raise BadRequest(f"The JSON body nests deeper than {limits.max_depth} levels.")
+
+
+SPARSE_COMMAS = 64
+
+
+def comma_count(body: bytes) -> int:
+    """How many commas `body` holds. bytes.count compares every byte (about 0.16 ms for a 550 KiB prompt); when
+    there are few commas, jumping from one to the next with memchr (bytes.find) is ten times cheaper."""
+    sparse = count_up_to(body, b",", SPARSE_COMMAS)
+    return sparse if sparse < SPARSE_COMMAS else body.count(b",")
 
 
 def count_up_to(body: bytes, byte: bytes, limit: int) -> int:

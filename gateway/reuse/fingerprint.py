@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 FINGERPRINT_BYTES = 8
 DEFAULT_CHARS_PER_TOKEN = 4.0
 MAX_CHUNKS = 4096  # a 256k-token prompt at 64-token blocks; longer prompts are fingerprinted up to here
@@ -69,13 +71,25 @@ def canonical_prompt(request: dict[str, Any]) -> str | list[int] | None:
 
 
 def canonical_parts(request: dict[str, Any]) -> PromptParts | None:
-    """`canonical_prompt` in pieces, at the cost of a few references: the request path renders nothing."""
+    """`canonical_prompt` in pieces, at the cost of a few references (plus decoding a long prompt that the request
+    kept as its JSON text)."""
     if "messages" in request:
-        return _message_parts(request["messages"])
+        return _message_parts(_prompt_value(request["messages"]))
     for field in ("prompt", "input"):
         if field in request:
-            return _prompt_parts(request[field])
+            return _prompt_parts(_prompt_value(request[field]))
     return None
+
+
+def _prompt_value(value: object) -> object:
+    """A prompt the rewrite kept as JSON text (gateway.proxy.rawprompt) is decoded when it is needed; one that
+    cannot be (a number beyond float range, which the engine refuses) counts as no prompt."""
+    if not isinstance(value, msgspec.Raw):
+        return value
+    try:
+        return msgspec.json.decode(value)
+    except msgspec.DecodeError:
+        return None
 
 
 def fingerprints(key: bytes, prompt: str | list[int], block_size: int, chars_per_token: float) -> list[bytes]:

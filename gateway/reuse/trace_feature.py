@@ -8,8 +8,9 @@ from typing import Any
 from gateway.log import get_logger
 from gateway.outcomes import Outcome
 from gateway.proxy.features import Call, Finish, RequestFeature
+from gateway.proxy.rawprompt import PROMPT_FIELDS
 from gateway.proxy.record import Exchange
-from gateway.reuse.fingerprint import PromptParts, canonical_parts
+from gateway.reuse.fingerprint import canonical_parts
 from gateway.reuse.trace import FinishedRequest, ReuseTrace, TransferCaps
 from gateway.routes import Kind
 
@@ -25,24 +26,22 @@ class ReuseTraceFeature(RequestFeature):
     def start(self, call: Call, request: dict[str, Any]) -> Finish | None:
         if call.route.kind is not Kind.GENERATE:
             return None
-        try:
-            parts = canonical_parts(request)
-        except Exception as error:  # a body the renderer cannot walk is counted, never raised into the request
-            self._failed(call, error)
-            return None
+        # References only: the prompt (a long one is still JSON text) is read once the reply has been sent.
+        prompt = {field: request[field] for field in PROMPT_FIELDS if field in request}
         caps = transfer_caps(request)
-        return lambda ex: self._finish(call, parts, caps, ex)
+        return lambda ex: self._finish(call, prompt, caps, ex)
 
-    def _finish(self, call: Call, parts: PromptParts | None, caps: TransferCaps, ex: Exchange) -> None:
+    def _finish(self, call: Call, prompt: dict[str, Any], caps: TransferCaps, ex: Exchange) -> None:
         if ex.status != 200 or ex.outcome is not Outcome.OK:
             return  # not a completed cache lookup: nothing to learn from
         tenant = call.tenant
         user = call.user if tenant.cache.isolation == "user" else None  # users whose blocks are never shared
         try:
+            parts = canonical_parts(prompt)
             self.trace.observe(FinishedRequest(tenant.tenant, tenant.cache.salt_epoch, call.pool_name, parts, ex.usage,
                                                user, caps))
-        except Exception as error:  # the reply is already sent: a trace bug must not touch the request's outcome
-            self._failed(call, error)
+        except Exception as error:  # the reply is already sent: a body the renderer cannot walk, or a trace bug,
+            self._failed(call, error)  # is counted and must not touch the request's outcome
 
     def _failed(self, call: Call, error: Exception) -> None:
         self.trace.metrics.requests.labels(call.tenant.tenant, "error").inc()

@@ -20,6 +20,7 @@ import pytest
 
 from gateway.devtools.loadtest.workload_stack import sim_argv, started
 from gateway.devtools.localproc import free_port, kvgate_command
+from gateway.proxy.rawprompt import RAW_PROMPT_BYTES
 from gateway.reuse.record import TraceRecord, decode_record
 from gateway.reuse.sampling import root_value, threshold_for_rate
 from gateway.reuse.store import trace_store_for
@@ -41,7 +42,7 @@ class Stack:
 def _stack(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[Stack]:
     sim_port, gateway_port = free_port(), free_port()
     policies = PolicyDir(tmp_path / "policies", {"main": {"upstreams": [f"http://127.0.0.1:{sim_port}"]}})
-    for tenant in ("acme", "globex", "forgetme"):
+    for tenant in ("acme", "globex", "forgetme", "longdoc"):
         policies.add_tenant(tenant)
     policies.add_tenant("peruser", cache={"isolation": "user"})
     policies.add_tenant("brief", offload={"retention_seconds": 2})
@@ -110,6 +111,21 @@ def test_chains_without_text_or_salts_and_keys_per_tenant(stack: Stack) -> None:
     assert MARKER.encode() not in stored
     for tenant in ("acme", "globex"):
         assert expected_salt(stack.secret, tenant).encode() not in stored
+
+
+def test_long_prompts_forwarded_as_json_text_are_traced_after_the_reply(stack: Stack) -> None:
+    """Prompts past RAW_PROMPT_BYTES stay the client's JSON text on the request path; the trace decodes them once
+    the reply is sent, and their chains match as the short prompts' do."""
+    doc = document(420)  # about 10 KB: past RAW_PROMPT_BYTES, within the simulator's 16k-token context
+    assert len(doc) > RAW_PROMPT_BYTES
+    openai_client = client(stack, "longdoc")
+    openai_client.completions.create(model="m", prompt=doc + " first question?", max_tokens=2)
+    openai_client.completions.create(model="m", prompt=doc + " and a longer one" * 20, max_tokens=2)
+    openai_client.chat.completions.create(model="m", messages=[{"role": "user", "content": doc}], max_tokens=2)
+    first, second, chat = wait_records(stack.state, "longdoc", 3)
+    assert _common_prefix(first.fingerprint_list(), second.fingerprint_list()) == len(doc) // 16 < second.chunks
+    assert first.prompt_tokens == len((doc + " first question?").encode())
+    assert chat.text and chat.chunks > 0
 
 
 def test_per_user_isolation_keeps_users_apart(stack: Stack) -> None:

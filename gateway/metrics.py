@@ -91,8 +91,8 @@ class GatewayMetrics:
             "kvgate_rate_limit_fallbacks", "Rate-limit decisions made locally because Redis did not answer.",
             registry=registry)
         self.client_stalls = Counter(
-            "kvgate_client_stalls", "Times a streamed answer stopped reading from upstream because the client was "
-            "not taking bytes (its connection's buffer was full); reading resumes once it catches up.", ["tenant"],
+            "kvgate_client_stalls", "Times a streamed answer stopped reading from upstream because 1 MiB of it "
+            "waited for a client that was not taking bytes; reading resumes once the client catches up.", ["tenant"],
             registry=registry)
         self.internal_errors = Counter(
             "kvgate_internal_errors", "Requests that hit an unexpected gateway error (answered 500 when possible).",

@@ -195,7 +195,7 @@ PROTECTION = (
           "idle_timeout, too_many_connections, malformed (docs/limits.md).", "cps",
           (q(f"sum by (reason) (rate(kvgate_connections_closed_total{RATE}))", "{{reason}}"),)),
     Graph("Streams waiting for slow clients by tenant", "Times a streamed answer stopped reading from upstream "
-          "because the client was not taking bytes; reading resumes when it catches up (docs/http.md).", "ops",
+          "because 1 MiB of it waited for a slow client; reading resumes when it catches up (docs/http.md).", "ops",
           (q(f"sum by (tenant) (rate(kvgate_client_stalls_total{{{TENANT}}}{RATE}))", "{{tenant}}"),)),
     Graph("Rate-limited requests by tenant and limit", "Requests refused by max_in_flight or requests_per_minute "
           "(429), and by the process-wide cap (tenant _all, global_in_flight, 503).", "reqps",

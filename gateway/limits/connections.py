@@ -9,9 +9,6 @@ keeps any number of connections open. This protocol subclass adds, per connectio
 * an idle deadline while no request is in progress (fresh connections and kept-alive ones are closed);
 * a cap on open connections (503 and close for the connection over the cap).
 
-It also offers each request a `DirectBody` (gateway/asgi/direct.py), through which the relay writes a stream's
-chunks onto the connection without one ASGI message per event.
-
 Every close it makes is counted in `kvgate_connections_closed_total{reason}`. The subclass relies on
 uvicorn's HttpToolsProtocol attributes (`cycle`, `parser`, `timeout_keep_alive_task`, ...), so uvicorn is
 pinned to a minor range in pyproject.toml and tests/gateway/test_connection_limits.py covers each behaviour.
@@ -23,13 +20,12 @@ import asyncio
 import json
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any
 
 import httptools
 from prometheus_client import Counter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.asgi.direct import EXTENSION, DirectBody
 from gateway.errors import openai_error_body
 
 HEADER_OVERHEAD = 4  # ": " and CRLF around each header line
@@ -145,10 +141,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._cancel_head_timer()
         super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not None and cycle.scope is self.scope:  # not on an upgrade, which starts no cycle
-            extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
-            extensions[EXTENSION] = DirectBody(self.transport, cycle, self.flow)
 
     def _grow_head(self, size: int) -> None:
         self._head_size += size

@@ -15,13 +15,11 @@ from dataclasses import dataclass
 import msgspec
 from prometheus_client import Counter
 
-from gateway.asgi.direct import DirectBody, direct_body
 from gateway.asgi.disconnect import DisconnectGuard
 from gateway.asgi.io import (
     JSON_TYPE,
     Receive,
     Scope,
-    Send,
     header,
     read_body,
     send_body,
@@ -72,7 +70,7 @@ class Relaying:
 class ProxyOptions:
     json_limits: JsonLimits = DEFAULT_JSON_LIMITS
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
-    client_stalls: Counter | None = None  # by tenant: streams that waited for a slow client (kvgate_client_stalls)
+    client_stalls: Counter | None = None  # by tenant: streams held back for a slow client (kvgate_client_stalls)
 
 
 class Proxy:
@@ -323,17 +321,19 @@ class Proxy:
         ex, send = relaying.ex, relaying.client.send
         await send(start_message(200, self._headers(ex, response, time.perf_counter())))
         watch = StreamWatch(prepared.strip_usage)
-        direct = direct_body(relaying.client.scope)
+        if self.client_stalls is not None:
+            response.on_pause = self.client_stalls.labels(ex.tenant).inc
         try:
             for chunk in preread:  # held back by the miss path until the stream showed content
                 await self._pass_chunk(relaying, watch, chunk)
-            if direct is not None and direct.usable():
-                stalls = self.client_stalls.labels(ex.tenant) if self.client_stalls is not None else None
-                relay = DirectRelay(ex, watch, direct, send, stalls)
-                await response.pump(relay.take, relay.drain)
-            else:
-                while chunk := await response.next_chunk():  # everything that arrived since the last wake-up
-                    await self._pass_chunk(relaying, watch, chunk)
+            while chunk := await response.next_chunk():  # everything that arrived since the last wake-up
+                forward, first = watch.feed(chunk)
+                if first:
+                    ex.ttft_s = time.perf_counter() - ex.started
+                if forward:
+                    await send({"type": "http.response.body", "body": forward, "more_body": True})
+                if ex.capture is not None:
+                    ex.capture += chunk
             tail = watch.flush()
         except STREAM_FAILURES as error:
             ex.outcome = Outcome.UPSTREAM_FAILED_MID_STREAM
@@ -374,34 +374,6 @@ class Proxy:
         ex.status = status
         headers = [(b"content-type", JSON_TYPE), *self._headers(ex, response, received)[1:]]
         await send_body(relaying.client.send, status, msgspec.json.encode(body), headers)
-
-
-@dataclass
-class DirectRelay:
-    """A stream's chunks, passed on from the upstream connection's read callback straight onto the client's
-    connection (gateway/asgi/direct.py): the same watch, TTFT and capture as the ASGI path, with no task wake-up
-    and no ASGI message per read."""
-
-    ex: Exchange
-    watch: StreamWatch
-    body: DirectBody
-    send: Send
-    stalls: Counter | None  # the tenant's kvgate_client_stalls child
-
-    def take(self, chunk: bytes) -> bool:
-        forward, first = self.watch.feed(chunk)
-        ex = self.ex
-        if first:
-            ex.ttft_s = time.perf_counter() - ex.started
-        if ex.capture is not None:
-            ex.capture += chunk
-        return self.body.write(forward) if forward else True
-
-    async def drain(self) -> None:
-        """Returns once the client's side has room again (uvicorn's `send` waits for that before writing)."""
-        if self.stalls is not None:
-            self.stalls.inc()
-        await self.send({"type": "http.response.body", "body": b"", "more_body": True})
 
 
 def content_encoding(response: UpstreamResponse) -> str:

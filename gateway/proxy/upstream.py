@@ -147,6 +147,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._last_read = self._wait_since = self.loop.time()
         self._sink: Sink | None = None  # set while `pump` hands the body on from the read callback
         self._sink_error: Exception | None = None
+        self.on_pause: Callable[[], None] | None = None  # told each time reading pauses for the relay to catch up
 
     # -- asyncio.Protocol -----------------------------------------------------------------------------
 
@@ -197,9 +198,8 @@ class UpstreamConnection(asyncio.Protocol):
             return
         self._body.append(body)
         self._buffered += len(body)
-        if self._buffered > PAUSE_AT_BYTES and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
+        if self._buffered > PAUSE_AT_BYTES and not self._paused:
+            self._pause()
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -210,9 +210,8 @@ class UpstreamConnection(asyncio.Protocol):
             keep_reading = sink(body)
         except Exception as error:  # raised to the relay, not into httptools (which would call it malformed HTTP)
             self._sink_error, keep_reading = error, False
-        if not keep_reading and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
+        if not keep_reading and not self._paused:
+            self._pause()
             self._wake()
 
     # -- the relay's side -----------------------------------------------------------------------------
@@ -281,6 +280,14 @@ class UpstreamConnection(asyncio.Protocol):
                     await self._wait()
         finally:
             self._sink = None
+
+    def _pause(self) -> None:
+        if self.transport is None:
+            return
+        self._paused = True
+        self.transport.pause_reading()
+        if self.on_pause is not None:
+            self.on_pause()
 
     def _resume(self) -> None:
         self._paused = False
@@ -360,6 +367,16 @@ class UpstreamResponse:
     async def next_chunk(self) -> bytes:
         assert self._connection is not None
         return await self._connection.next_chunk()
+
+    @property
+    def on_pause(self) -> Callable[[], None] | None:
+        return self._connection.on_pause if self._connection is not None else None
+
+    @on_pause.setter
+    def on_pause(self, callback: Callable[[], None] | None) -> None:
+        """Called each time the connection stops reading because the body waits for its reader (a slow client)."""
+        if self._connection is not None:
+            self._connection.on_pause = callback
 
     @property
     def reading_paused(self) -> bool:

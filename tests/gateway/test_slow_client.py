@@ -1,6 +1,6 @@
-"""A served gateway relays a stream straight from its upstream connection onto the client's (gateway/asgi/direct.py):
-a client that stops reading makes the gateway stop reading from upstream (counted in kvgate_client_stalls_total;
-its memory stays bounded), and once the client reads again the whole stream arrives byte for byte, in order."""
+"""A client that stops reading a stream makes a served gateway stop reading it from upstream once 1 MiB waits for
+that client (counted in kvgate_client_stalls_total; the gateway's memory stays bounded), and once the client reads
+again the whole stream arrives byte for byte, in order."""
 
 from __future__ import annotations
 
@@ -103,9 +103,8 @@ def read_chunked_body(client: socket.socket, already: bytes) -> bytes:
 
 
 def test_a_client_that_stops_reading_stops_the_upstream_read_and_then_gets_the_whole_stream(tmp_path: Path) -> None:
-    """Wrong version: a relay that writes every upstream read onto the client's connection without looking at
-    its write buffer: it drains the upstream into its own memory while the client reads nothing, and never
-    stalls."""
+    """Wrong version: a relay that keeps reading from upstream while its client reads nothing: it drains the
+    upstream into its own memory and never stalls."""
     stream = EVENT * (STREAM_BYTES // len(EVENT)) + b"data: [DONE]\n\n"
     with streaming_upstream(stream) as url:
         policy = PolicyDir(tmp_path / "policies", {"main": {"upstreams": [url]}}, public_paths=["/livez"])

@@ -1,4 +1,5 @@
-"""What reading one shadow answer costs, by client: kvgate's lean shadow client against aiohttp.
+"""What reading one shadow answer costs, by client: kvgate's shadow client (the relay's pooled httptools client in
+an instance of its own, its body collected from the read callback) against aiohttp.
 
 Both read the same 64-token SSE streams from the fast upstream (bench core) with `--concurrency` loops in this
 process (proxy core) for `--duration` seconds, watching for the first content and collecting the whole answer,
@@ -21,6 +22,7 @@ import aiohttp
 import uvloop
 
 from gateway.proxy.sse import StreamWatch
+from gateway.proxy.upstream import UpstreamClient
 from gateway.shadow.client import ShadowClient
 from loadtests import proxy_overhead as bench
 
@@ -55,21 +57,24 @@ async def cpu_per_answer(read: Reader, concurrency: int, duration_s: float) -> t
     return answers, (time.process_time() - started) / answers * 1e6
 
 
-async def measure(url: str, body: bytes, concurrency: int, duration_s: float) -> dict[str, tuple[int, float]]:
+async def measure(base_url: str, path: str, body: bytes, concurrency: int,
+                  duration_s: float) -> dict[str, tuple[int, float]]:
     headers = {"content-type": "application/json"}
-    shadow = ShadowClient(connect_timeout_s=5)
+    url = base_url + path
+    shadow = ShadowClient(UpstreamClient(connections=concurrency, connect_timeout_s=5, read_timeout_s=60))
     async with aiohttp.ClientSession(auto_decompress=False) as session:
         results = {
             "aiohttp": await cpu_per_answer(lambda: aiohttp_reader(session, url, body), concurrency, duration_s),
             "shadow client": await cpu_per_answer(
-                lambda: _shadow_body(shadow, url, headers, body), concurrency, duration_s),
+                lambda: _shadow_body(shadow, base_url, path, headers, body), concurrency, duration_s),
         }
     shadow.close()
     return results
 
 
-async def _shadow_body(client: ShadowClient, url: str, headers: dict[str, str], body: bytes) -> bytes:
-    return (await client.post(url, headers, body, watch_content=True)).body
+async def _shadow_body(client: ShadowClient, base_url: str, path: str, headers: dict[str, str],
+                       body: bytes) -> bytes:
+    return (await client.post(base_url, path, headers, body, watch_content=True)).body
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -84,8 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kvgate-shadow-read-") as tmp, \
             bench.start_upstream(config, Path(tmp)) as upstream:
         os.sched_setaffinity(0, {config.proxy_core})
-        url = upstream.url + bench.ROUTE_PATHS[config.route]
-        results = uvloop.run(measure(url, bench.request_body(config), args.concurrency, args.duration))
+        path = bench.ROUTE_PATHS[config.route]
+        results = uvloop.run(measure(upstream.url, path, bench.request_body(config), args.concurrency,
+                                     args.duration))
     for name, (answers, micros) in results.items():
         print(f"{name:<14} {answers:6d} answers  {micros:6.0f} µs CPU per answer")
     return 0

@@ -177,8 +177,11 @@ def _shadow_runner(
 ) -> ShadowRunner:
     recorder = ShadowRecorder(store, settings.shadow_flush_interval_s)
     tasks.spawn(recorder.run(), "shadow-recorder")
-    return ShadowRunner(ShadowClient(settings.connect_timeout_s), metrics, recorder, TaskSupervisor("shadow"),
-                        health, settings.shadow_timeout_s)
+    # The relay's client, in an instance of its own: shadows fill their own connection slots, never the relay's.
+    # Nothing read for the whole shadow timeout is the same failure as the timeout itself.
+    upstream = UpstreamClient(settings.upstream_connections, settings.connect_timeout_s, settings.shadow_timeout_s)
+    return ShadowRunner(ShadowClient(upstream), metrics, recorder, TaskSupervisor("shadow"), health,
+                        settings.shadow_timeout_s)
 
 
 async def stop(state: State) -> None:

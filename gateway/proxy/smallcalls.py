@@ -2,7 +2,7 @@
 `/metrics` read of `GET /admin/plan`, admin routes forwarded to the ingesting worker): one aiohttp session,
 opened on first use.
 
-The relay and the shadow client have their own httptools clients, so aiohttp serves only these occasional
+The relay and the shadow share one httptools client (proxy/upstream.py), so aiohttp serves only these occasional
 calls. Imported, it stays resident (about 8 MiB with multidict, yarl, attrs and http.cookies, and some 100 ms
 to import; loadtests/reports/idle-memory-2026-12-01/): a gateway whose canary has no schedule, whose tenants
 never retry and whose plan is never asked for does not load it at all. The first call imports it in a worker

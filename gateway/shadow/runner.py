@@ -65,7 +65,7 @@ class ShadowCall:
     deterministic: bool
     affinity: str
     shadow_pool: str = ""
-    url: str = ""
+    upstream: str = ""  # the shadow pool's upstream URL that `path` is sent under
 
     @property
     def pools(self) -> tuple[str, str]:
@@ -96,10 +96,10 @@ class ShadowRunner:
             return None
         shadow_pool = tenant.shadow.pool or ""
         pool = policies.gateway.pools[shadow_pool]
-        url = self.health.candidates(pool.upstreams, call.affinity)[0] + call.path
+        upstream = self.health.candidates(pool.upstreams, call.affinity)[0]
         headers = {name: value for name, value in call.headers.items() if name != "authorization"}
         headers |= policies.pool_auth(shadow_pool)
-        shadow_call = dataclasses.replace(call, shadow_pool=shadow_pool, url=url, headers=headers)
+        shadow_call = dataclasses.replace(call, shadow_pool=shadow_pool, upstream=upstream, headers=headers)
         slot = PrimarySlot()
         self._in_flight[tenant.tenant] = self._in_flight.get(tenant.tenant, 0) + 1
         self.tasks.spawn(self._run(shadow_call, slot), f"shadow-{shadow_call.request_id}")
@@ -140,7 +140,8 @@ class ShadowRunner:
 
     async def _call(self, call: ShadowCall) -> ArmResult:
         started = time.perf_counter()
-        answer = await self.client.post(call.url, call.headers, call.body, watch_content=call.streamed)
+        answer = await self.client.post(call.upstream, call.path, call.headers, call.body,
+                                        watch_content=call.streamed)
         return arm_result(call, answer, started, time.perf_counter())
 
     async def close(self) -> None:

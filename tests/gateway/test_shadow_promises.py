@@ -103,6 +103,22 @@ def test_a_shadow_past_its_timeout_is_abandoned_and_counted_as_an_error(
         assert "shadow_failed" in gateway.log_text()
 
 
+def test_primaries_never_wait_for_a_connection_slot_a_shadow_holds(
+    sim: ServerProcess, hanging_shadow: str, tmp_path: Path
+) -> None:
+    """One upstream connection slot, shadows that never end. Wrong version: the shadow shares the relay's client,
+    so the first hung shadow takes the only slot and every later primary waits behind it. Here the shadow's
+    client has slots of its own: every primary is answered while its shadows hang."""
+    env = {"KVGATE_UPSTREAM_CONNECTIONS": "1", "KVGATE_SHADOW_TIMEOUT_S": NEVER_S}
+    policy, _, gateway_cm = shadow_gateway(tmp_path, sim.url, hanging_shadow, max_in_flight=4, env=env)
+    with gateway_cm as gateway:
+        for index in range(3):
+            reply = _complete(gateway, policy.keys["ab"], f"primary {index}", temperature=0)
+            assert reply.status_code == 200
+            assert reply.json()["choices"][0]["text"]
+        assert shadow_counts(gateway, policy) == {}  # the shadows are still in flight, none dropped
+
+
 # -- outputs compared only for deterministic requests -----------------------------------------------------
 
 

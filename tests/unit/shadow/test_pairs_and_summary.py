@@ -16,6 +16,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import GatewayConfig, ShadowPolicy, TenantPolicy
 from gateway.proxy.balance import UpstreamHealth
+from gateway.proxy.upstream import UpstreamClient
 from gateway.shadow.client import ShadowAnswer, ShadowClient
 from gateway.shadow.compare import ArmResult, PairRecord, generated_text, pair_record
 from gateway.shadow.recorder import ShadowRecorder
@@ -234,7 +235,8 @@ def tenant(pool: str | None = "control", sample: float = 1.0, max_in_flight: int
 
 async def runner_on(storage: Storage) -> ShadowRunner:
     recorder = ShadowRecorder(await SqliteShadowStore.open(storage.sqlite_worker()), flush_interval_s=60.0)
-    return ShadowRunner(ShadowClient(connect_timeout_s=1.0), GatewayMetrics(CollectorRegistry()), recorder,
+    client = ShadowClient(UpstreamClient(8, connect_timeout_s=1.0, read_timeout_s=5.0))
+    return ShadowRunner(client, GatewayMetrics(CollectorRegistry()), recorder,
                         TaskSupervisor("test-shadow"), UpstreamHealth(), timeout_s=5.0)
 
 

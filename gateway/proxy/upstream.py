@@ -1,9 +1,12 @@
-"""Upstream HTTP for the relay: pooled keep-alive connections, upstream choice, and one place that maps errors.
+"""Upstream HTTP for the relay and the shadow: pooled keep-alive connections, upstream choice, and one place that
+maps errors.
 
-The relay's client is an `asyncio.Protocol` driven by httptools (the parser uvicorn uses), like the shadow
-client: each socket read is one parser call and a list append, and the relay's coroutine wakes once per read
-with everything that arrived since its last wake-up, instead of a general client's per-chunk stream machinery
-(aiohttp spent about 15 Python calls per SSE event). Measured figures: docs/proxy-costs.md.
+The client is an `asyncio.Protocol` driven by httptools (the parser uvicorn uses): each socket read is one parser
+call and a list append, and the relay's coroutine wakes once per read with everything that arrived since its last
+wake-up, instead of a general client's per-chunk stream machinery (aiohttp spent about 15 Python calls per SSE
+event). `pump` instead hands each read to a callback as it arrives (the shadow collects and times its answers
+that way, gateway/shadow/client.py). The shadow has its own instance, so primaries never wait for its slots.
+Measured figures: docs/proxy-costs.md.
 
 Bounded: at most `connections` requests in flight upstream at once (further ones wait for a slot); a response
 body buffered faster than the client takes it pauses reading from upstream at `PAUSE_AT_BYTES`.

@@ -133,6 +133,7 @@ class WorkerServer(uvicorn.Server):
 
 OPEN_FILES_TARGET = 1 << 16
 FD_RESERVE = 256  # descriptors kept for logs, stores, ZMQ sockets and the listening socket
+UPSTREAM_POOLS = 2  # the relay's and the shadows' (gateway/http/wiring.py), each up to upstream_connections
 
 
 def connection_cap(settings: Settings) -> int:
@@ -142,7 +143,7 @@ def connection_cap(settings: Settings) -> int:
     descriptor, and running out of them makes accept() fail for everyone.
     """
     soft = raise_open_files_limit()
-    available = soft - settings.upstream_connections - FD_RESERVE
+    available = soft - UPSTREAM_POOLS * settings.upstream_connections - FD_RESERVE
     cap = max(1, min(settings.max_connections, available))
     if cap < settings.max_connections:
         get_logger(__name__).warning("connection_cap_lowered", requested=settings.max_connections, cap=cap,

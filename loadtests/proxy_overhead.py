@@ -265,7 +265,10 @@ def start_gateway(
 ) -> tuple[AbstractContextManager[ServerProcess], str]:
     key = write_policies(work / "policies", upstream_url, config.shadow_sample)
     port = free_port()
-    env = {"KVGATE_SALT_SECRET": "bench-" + secrets.token_hex(16), "KVGATE_LOG_LEVEL": config.log_level}
+    # Its own state file in the run's folder: a file left in the working directory would carry one run's
+    # stores (reuse trace, shadow pairs) into the next.
+    env = {"KVGATE_SALT_SECRET": "bench-" + secrets.token_hex(16), "KVGATE_LOG_LEVEL": config.log_level,
+           "KVGATE_STATE_PATH": str(work / "state.sqlite3")}
     argv = kvgate_command("serve", "--policies", str(work / "policies"), "--port", str(port))
     return run_server(argv, port, work / "gateway.log", env=env), key
 

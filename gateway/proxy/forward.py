@@ -34,8 +34,9 @@ from gateway.proxy.assemble import StreamAssembler
 from gateway.proxy.balance import UpstreamHealth
 from gateway.proxy.features import Admitted, Call, Features, Finish, Inbound, Outbound
 from gateway.proxy.misspath import Failure, MissPath, peek_stream
+from gateway.proxy.rawprompt import parse_json_object
 from gateway.proxy.record import Exchange
-from gateway.proxy.rewrite import RewrittenRequest, parse_json_object, rewrite_request
+from gateway.proxy.rewrite import RewrittenRequest, rewrite_request
 from gateway.proxy.rollout import choose_pool
 from gateway.proxy.shape import JsonLimits, check_json_shape, check_user_value
 from gateway.proxy.sse import StreamWatch, usage_from_json

@@ -40,6 +40,8 @@ RawFields = dict[str, msgspec.Raw]
 def decode_request(body: bytes, raw_from: int = RAW_PROMPT_BYTES) -> dict[str, Any]:
     """The request as a dict, with a prompt value of `raw_from` bytes or more kept as its JSON text; 400 unless the
     body is one JSON object in valid UTF-8."""
+    if len(body) < raw_from:  # no value in it can be kept: one plain decode is three times cheaper
+        return parse_json_object(body)
     try:
         fields = msgspec.json.decode(body, type=RawFields)
     except msgspec.ValidationError:
@@ -56,6 +58,17 @@ def decode_request(body: bytes, raw_from: int = RAW_PROMPT_BYTES) -> dict[str, A
         else:
             request[name] = decode_field(raw)
     return request
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """The body decoded whole; 400 unless it is one JSON object."""
+    try:
+        parsed = msgspec.json.decode(body)
+    except msgspec.DecodeError as error:
+        raise BadRequest(f"The request body is not valid JSON: {error}") from None
+    if not isinstance(parsed, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    return parsed
 
 
 def decode_field(raw: msgspec.Raw) -> Any:

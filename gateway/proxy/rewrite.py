@@ -47,16 +47,6 @@ class RewrittenRequest:
         return msgspec.json.encode(self.request)
 
 
-def parse_json_object(body: bytes) -> dict[str, Any]:
-    try:
-        parsed = msgspec.json.decode(body)
-    except msgspec.DecodeError as error:
-        raise BadRequest(f"The request body is not valid JSON: {error}") from None
-    if not isinstance(parsed, dict):
-        raise BadRequest("The request body must be a JSON object.")
-    return parsed
-
-
 def rewrite_request(
     body: bytes, route: RouteSpec, tenant: TenantPolicy, secret: bytes, header_user: str | None
 ) -> RewrittenRequest:

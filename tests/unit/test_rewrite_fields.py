@@ -13,7 +13,8 @@ import pytest
 
 from gateway.errors import BadRequest
 from gateway.policy.model import TenantPolicy
-from gateway.proxy.rewrite import AFFINITY_CHARS, RewrittenRequest, parse_json_object, prompt_prefix, rewrite_request
+from gateway.proxy.rawprompt import parse_json_object
+from gateway.proxy.rewrite import AFFINITY_CHARS, RewrittenRequest, prompt_prefix, rewrite_request
 from gateway.routes import ROUTES
 from tests.salt_vectors import UNIT_SECRET, known_salt
 

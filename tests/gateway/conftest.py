@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.harness import PolicyDir, bearer, new_secret, run_gateway
-from tests.procs import ServerProcess, free_port, kvgate_command, run_server
+from tests.procs import ServerProcess, free_port, free_port_pair, kvgate_command, run_server
 
 SIM_MODEL = "sim-model"
 UPSTREAM_KEY = "upstream-secret-key"
@@ -55,6 +55,15 @@ def sim_process(log_dir: Path, *extra: str, api_key: str = UPSTREAM_KEY) -> Iter
     argv = kvgate_command("sim", "--port", str(port), f"--api-key={api_key}", *extra)
     with run_server(argv, port, log_dir / f"sim-{port}.log", ready_path="/health") as server:
         yield server
+
+
+@contextmanager
+def sim_with_kv_events(log_dir: Path) -> Iterator[tuple[ServerProcess, int]]:
+    """A simulator publishing KV events on a free port pair (events, then replay); yields it and the events port."""
+    events = free_port_pair()
+    with sim_process(log_dir, "--gpu-blocks", "1024", "--kv-events-endpoint", f"tcp://*:{events}",
+                     "--kv-events-replay-endpoint", f"tcp://*:{events + 1}") as server:
+        yield server, events
 
 
 def standard_policy(root: Path, sim_url: str) -> PolicyDir:

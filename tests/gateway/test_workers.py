@@ -23,11 +23,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, standard_policy
+from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, sim_with_kv_events, standard_policy
 from tests.harness import PolicyDir, bearer, new_secret
 from tests.ledger.redis_proc import RedisProcess
 from tests.ledger.support import counts
-from tests.procs import ServerProcess, clean_environment, free_port, free_port_pair, kvgate_command, run_server
+from tests.procs import ServerProcess, clean_environment, free_port, kvgate_command, run_server
 
 WORKERS = 2
 DEADLINE_S = 120.0  # only bounds the wait: N workers starting on a loaded 2-core CI box can take long
@@ -226,12 +226,8 @@ def test_a_worker_that_cannot_start_fails_the_whole_server(policy: PolicyDir, tm
 
 @pytest.fixture
 def sim_with_events(tmp_path: Path) -> Iterator[tuple[ServerProcess, int]]:
-    port, events = free_port(), free_port_pair()
-    argv = kvgate_command("sim", "--port", str(port), f"--api-key={UPSTREAM_KEY}", "--gpu-blocks", "1024",
-                          "--kv-events-endpoint", f"tcp://*:{events}",
-                          "--kv-events-replay-endpoint", f"tcp://*:{events + 1}")
-    with run_server(argv, port, tmp_path / "sim.log", ready_path="/health") as server:
-        yield server, events
+    with sim_with_kv_events(tmp_path / "sim") as found:
+        yield found
 
 
 def ledger_env(log_dir: Path) -> dict[str, str]:

@@ -27,18 +27,9 @@ from gateway.ledger.sqlite_store import SqliteStore
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import GatewayConfig, TenantPolicy
 from gateway.tasks import TaskSupervisor
+from tests.ledger.audit_history import audit_policies
 
 NOW = 10_000.0
-
-
-def _policies() -> PolicySet:
-    gateway = GatewayConfig.model_validate({"pools": {"p": {"upstreams": ["http://a"], "kv_events": ["tcp://h:1"]}},
-                                            "default_pool": "p"})
-    tenants: dict[str, dict[str, Any]] = {
-               "acme": {"offload": {"retention_seconds": 100, "allowed_media": ["GPU"]}},
-               "globex": {"offload": {"retention_seconds": 30.5}}}
-    parsed = {name: TenantPolicy.model_validate({"tenant": name, **body}) for name, body in tenants.items()}
-    return PolicySet(gateway=gateway, tenants=parsed, keys={}, version="now")
 
 
 def _batches() -> list[BatchOps]:
@@ -56,7 +47,7 @@ def _batches() -> list[BatchOps]:
 
 
 async def _reports(store: SqliteStore) -> tuple[dict[str, Any], dict[str, Any]]:
-    policies = _policies()
+    policies = audit_policies()
     offsets = {"p/0": 40.0}
     await store.record_clock(offsets, NOW)
     await store.remember_policies([TenantPolicyRecord("gone", 50.0, ("GPU",), "old", 1.0)])
@@ -129,7 +120,7 @@ def test_percentiles_from_buckets_are_the_nearest_rank_within_a_second(tmp_path:
             opens: list[Op] = [OpenOp("GPU", index, None, "acme", 1, 0.0) for index in range(len(lifetimes))]
             closes: list[Op] = [CloseOp("GPU", index, life) for index, life in enumerate(lifetimes)]
             await store.apply([BatchOps("p/0", 0, 1.0, "v", opens), BatchOps("p/0", 1, 2.0, "v", closes)])
-            gpu = (await collect_audit(store, _policies(), "acme", None, now=NOW))["tenants"]["acme"]["GPU"]
+            gpu = (await collect_audit(store, audit_policies(), "acme", None, now=NOW))["tenants"]["acme"]["GPU"]
             assert (gpu["lifetime_p50_s"], gpu["lifetime_p99_s"], gpu["lifetime_max_s"]) == (101.0, 199.0, 5000.0)
             assert gpu["violations"]["age"] == 101  # 101..200 and 5000 outlive 100 s
         finally:
@@ -169,12 +160,12 @@ def test_the_audit_reads_while_the_writer_waits_for_the_file(tmp_path: Path) -> 
             other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
             late = BatchOps("p/0", 9, 9.0, "v", [OpenOp("GPU", 5000, None, "acme", 1, 9_900.0)])
             stuck = tasks.spawn(store.apply([late]), "flush")
-            report = await collect_audit(store, _policies(), "acme", None, now=NOW)
+            report = await collect_audit(store, audit_policies(), "acme", None, now=NOW)
             assert not stuck.done()  # the flush still waits for the lock; the audit did not wait for it
             assert report["tenants"]["acme"]["GPU"]["stored"] > 0
             other.execute("COMMIT")
             assert await stuck == [True]
-            after = await collect_audit(store, _policies(), "acme", None, now=NOW)
+            after = await collect_audit(store, audit_policies(), "acme", None, now=NOW)
             assert after["tenants"]["acme"]["GPU"]["stored"] == report["tenants"]["acme"]["GPU"]["stored"] + 1
         finally:
             other.close()
@@ -237,7 +228,7 @@ def test_a_file_with_open_and_closed_records_in_one_table_is_moved_over(tmp_path
             stored = await store.records(None, None)
             records = sorted((r.medium, r.removed_at or 0.0, r.closed_by or "") for r in stored)
             assert records == [("CPU", 9100.0, "reset"), ("GPU", 0.0, ""), ("GPU", 9040.0, "removed")]
-            acme = (await collect_audit(store, _policies(), "acme", None, now=NOW))["tenants"]["acme"]
+            acme = (await collect_audit(store, audit_policies(), "acme", None, now=NOW))["tenants"]["acme"]
             assert (acme["GPU"]["stored"], acme["GPU"]["removed"], acme["GPU"]["resident"]) == (2, 1, 1)
             assert acme["GPU"]["lifetime_max_s"] == 40.0 and acme["CPU"]["closed_by"] == {"reset": 1}
         finally:

@@ -20,12 +20,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV
+from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, sim_with_kv_events
 from tests.harness import PolicyDir, bearer, expected_salt, new_secret, run_gateway
 from tests.ledger.publisher import VllmPublisher, removed, stored
 from tests.ledger.redis_proc import RedisProcess
 from tests.ledger.support import counts
-from tests.procs import ServerProcess, free_port, free_port_pair, kvgate_command, run_server
+from tests.procs import ServerProcess
 
 DEADLINE_S = 30.0
 PROMPT_CHARS = 512
@@ -67,12 +67,8 @@ def audit_until(gateway: ServerProcess, policy: PolicyDir, check: Any) -> dict[s
 
 @pytest.fixture
 def sim_with_events(tmp_path: Path) -> Iterator[tuple[ServerProcess, int]]:
-    port, events = free_port(), free_port_pair()
-    argv = kvgate_command("sim", "--port", str(port), f"--api-key={UPSTREAM_KEY}", "--gpu-blocks", "1024",
-                          "--kv-events-endpoint", f"tcp://*:{events}",
-                          "--kv-events-replay-endpoint", f"tcp://*:{events + 1}")
-    with run_server(argv, port, tmp_path / "sim.log", ready_path="/health") as server:
-        yield server, events
+    with sim_with_kv_events(tmp_path / "sim") as found:
+        yield found
 
 
 def _prompt(label: str) -> str:

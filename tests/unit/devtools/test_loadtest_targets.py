@@ -13,9 +13,8 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from gateway.devtools.loadtest.targets import (
 from gateway.keys import hash_key
 from gateway.policy.loader import load_policy_set
 from gateway.proxy.rollout import choose_pool
+from tests.unit.loopback import serving_in_thread
 
 SCENARIO = Scenario.model_validate({
     "name": "t", "tenants": [{"name": "acme"}, {"name": "beta", "policy": {"cache": {"isolation": "user"}}}],
@@ -172,15 +172,8 @@ class _Health(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def healthy_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving_in_thread(_Health) as url:
+        yield url
 
 
 def test_a_healthy_server_is_found(healthy_url: str) -> None:

@@ -20,6 +20,7 @@ import zmq.asyncio
 from gateway.sim import kv_events
 from gateway.sim.config import SimConfig
 from gateway.sim.publisher import END_SEQ, MAX_QUEUE, KvEventPublisher, binds
+from tests.unit.sim.asgi_exchange import until
 
 T = TypeVar("T")
 
@@ -85,14 +86,6 @@ class Sockets:
                     return replies
         finally:
             dealer.close(linger=0)
-
-
-async def until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.001)
 
 
 @asynccontextmanager

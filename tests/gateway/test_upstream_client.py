@@ -21,7 +21,7 @@ from gateway.proxy.upstream import (
     open_first_reachable,
 )
 from gateway.tasks import TaskSupervisor
-from tests.gateway.test_shadow_client import ScriptedServer, answer_ok, serve
+from tests.gateway.scripted_upstream import ScriptedServer, answer_ok, drop_second_request, serve
 
 JSON = {"content-type": "application/json"}
 PATH = "/v1/completions"
@@ -72,12 +72,6 @@ def test_a_base_url_with_a_path_keeps_it_and_credentials_never_reach_the_host_he
 
 
 def test_an_idle_connection_the_upstream_dropped_is_replaced_without_failing() -> None:
-    async def drop_second_request(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
-        if connection == 0 and index == 1:
-            writer.close()  # as if its keep-alive timer fired just as the request arrived
-            return
-        await answer_ok(connection, index, writer)
-
     async def calls(url: str, server: ScriptedServer) -> None:
         client = new_client()
         for _ in range(2):

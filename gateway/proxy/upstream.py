@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import cast
@@ -117,7 +117,7 @@ def encode_head(method: str, origin: Origin, target: str, headers: dict[str, str
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-Sink = Callable[[bytes], bool]  # takes body bytes as they arrive; False: stop reading until drained
+Sink = Callable[[bytes], None]  # takes body bytes as they arrive, from the read callback
 
 
 # -- one connection -------------------------------------------------------------------------------------
@@ -210,11 +210,9 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _pass_on(self, sink: Sink, body: bytes) -> None:
         try:
-            keep_reading = sink(body)
-        except Exception as error:  # raised to the relay, not into httptools (which would call it malformed HTTP)
-            self._sink_error, keep_reading = error, False
-        if not keep_reading and not self._paused:
-            self._pause()
+            sink(body)
+        except Exception as error:  # raised by `pump`, not into httptools (which would call it malformed HTTP)
+            self._sink, self._sink_error = None, error  # what still arrives is buffered until the caller closes
             self._wake()
 
     # -- the relay's side -----------------------------------------------------------------------------
@@ -257,30 +255,22 @@ class UpstreamConnection(asyncio.Protocol):
                 return b""
             await self._wait()
 
-    async def pump(self, sink: Sink, drain: Callable[[], Awaitable[None]]) -> None:
-        """Hand every body byte to `sink` inside the read callback, as it arrives, until the body is complete.
-
-        The relay's task sleeps meanwhile instead of waking once per read. `sink` returns False when the client
-        cannot take more yet: reading pauses until `drain` returns."""
+    async def pump(self, sink: Sink) -> None:
+        """Hand every body byte to `sink` inside the read callback, as it arrives, until the body is complete: the
+        caller's task sleeps meanwhile instead of waking once per read. An error `sink` raises is raised here."""
         if self._body:  # what arrived before the pump started
             self._pass_on(sink, self.take())
-        self._sink = sink
+        if self._sink_error is None:
+            self._sink = sink
         try:
             while True:
                 if self._sink_error is not None:
-                    self._sink = None  # no further byte goes to a sink that failed
                     raise self._sink_error
                 if self.error is not None:
                     raise self.error
                 if self.complete:
-                    if self._paused:  # the last read filled the client's side: the connection may be reused
-                        self._resume()
                     return
-                if self._paused:
-                    await drain()
-                    self._resume()
-                else:
-                    await self._wait()
+                await self._wait()
         finally:
             self._sink = None
 
@@ -386,10 +376,10 @@ class UpstreamResponse:
         """Whether the body buffered so far made the connection stop reading from the upstream."""
         return self._connection is not None and self._connection.reading_paused
 
-    async def pump(self, sink: Sink, drain: Callable[[], Awaitable[None]]) -> None:
+    async def pump(self, sink: Sink) -> None:
         """The rest of the body, handed to `sink` from the connection's read callback (UpstreamConnection.pump)."""
         assert self._connection is not None
-        await self._connection.pump(sink, drain)
+        await self._connection.pump(sink)
 
     async def read(self) -> bytes:
         parts = []

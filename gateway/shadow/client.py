@@ -41,7 +41,7 @@ class AnswerCollector:
         self.first_content_at: float | None = None
         self._watch = StreamWatch(strip_usage=False) if watch_content else None  # dropped once content is seen
 
-    def take(self, chunk: bytes) -> bool:
+    def take(self, chunk: bytes) -> None:
         self.size += len(chunk)
         if self.size > self.max_bytes:
             raise ShadowAnswerTooLarge(f"shadow answer exceeds {self.max_bytes} bytes")
@@ -50,14 +50,9 @@ class AnswerCollector:
         if watch is not None and watch.feed(chunk)[1]:
             self.first_content_at = time.perf_counter()
             self._watch = None
-        return True  # never full: the answer is kept in memory, bounded by max_bytes
 
     def body(self) -> bytes:
         return b"".join(self.parts)
-
-
-async def _nothing_to_drain() -> None:
-    """The collector never asks the connection to pause, so the pump never waits on this."""
 
 
 class ShadowClient:
@@ -73,7 +68,7 @@ class ShadowClient:
         response = await self.upstream.open("POST", base_url, target, headers, body)
         collector = AnswerCollector(watch_content, self.max_body_bytes)
         try:
-            await response.pump(collector.take, _nothing_to_drain)
+            await response.pump(collector.take)
         except BaseException:
             response.close()  # failed, too large or abandoned mid-answer: the connection's state is unknown
             raise

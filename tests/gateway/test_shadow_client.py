@@ -231,18 +231,20 @@ def test_first_content_is_noted_when_its_event_completes_not_at_the_first_byte()
              b'data: {"choices":[{"delta":{"content":"Hel', b'lo"}}]}\n', b"\n",
              b'data: {"choices":[{"delta":{"content":" again"}}]}\n\n']
     collector = AnswerCollector(watch_content=True, max_bytes=1024)
-    assert collector.take(reads[0]) and collector.take(reads[1])
+    collector.take(reads[0])
+    collector.take(reads[1])
     assert collector.first_content_at is None  # the content event is not complete yet
     before = time.perf_counter()
-    assert collector.take(reads[2]) and collector.take(reads[3])
+    collector.take(reads[2])
+    collector.take(reads[3])
     noted = collector.first_content_at
     assert noted is not None and noted >= before
-    assert collector.take(reads[4])
+    collector.take(reads[4])
     assert collector.first_content_at == noted  # the first one only
     assert collector.body() == b"".join(reads) and collector.size == len(b"".join(reads))
 
 
 def test_an_unwatched_answer_is_collected_without_looking_for_content() -> None:
     collector = AnswerCollector(watch_content=False, max_bytes=1024)
-    assert collector.take(b'data: {"choices":[{"text":"hi"}]}\n\n')
+    collector.take(b'data: {"choices":[{"text":"hi"}]}\n\n')
     assert collector.first_content_at is None and collector.body() == b'data: {"choices":[{"text":"hi"}]}\n\n'

@@ -33,6 +33,7 @@ from loadtests import procstat
 from loadtests.overhead_report import IDLE_RSS_TARGET_MIB
 from loadtests.proxy_overhead import Config, start_gateway, start_upstream
 from loadtests.proxy_overhead import parse_args as overhead_args
+from loadtests.results import write_json
 
 MIB = 1024 * 1024
 SETTLE_S = 1.0  # as proxy_overhead: let start-up allocations settle before reading idle memory
@@ -234,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                          "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     print_report(result)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result, args.out)
     print(f"wrote {args.out}")
     return 0
 

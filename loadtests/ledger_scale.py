@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import shutil
 import tempfile
@@ -43,6 +42,7 @@ from gateway.ledger.records import BatchOps, CloseOp, Op, OpenOp
 from gateway.ledger.sqlite_store import SqliteStore
 from gateway.policy.loader import PolicySet, load_policy_set
 from gateway.tasks import TaskSupervisor
+from loadtests.results import write_json
 
 TENANTS = ("acme", "globex", "initech", "unattributed")
 SOURCES = ("offload/0", "control/0")
@@ -224,7 +224,7 @@ def main() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(result, args.out)
 
 
 if __name__ == "__main__":

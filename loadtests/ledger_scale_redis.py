@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import heapq
-import json
 import random
 import shutil
 import subprocess
@@ -38,6 +37,7 @@ from gateway.ledger.records import BatchOps, CloseOp, Op, OpenOp
 from gateway.ledger.redis_store import RedisStore
 from gateway.policy.loader import load_policy_set
 from loadtests.ledger_scale import SOURCES, TENANTS, time_audits
+from loadtests.results import write_json
 
 STREAM_BATCH_OPS = 5_000
 RESIDENT_EVERY = 50  # one block in this many is never removed
@@ -173,7 +173,7 @@ def main() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(result, args.out)
 
 
 if __name__ == "__main__":

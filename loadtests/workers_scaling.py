@@ -41,6 +41,7 @@ from gateway.devtools.localproc import ServerProcess, free_port, kvgate_command,
 from gateway.keys import hash_key, new_key
 from loadtests import loadgen, procstat
 from loadtests.loadgen import Target
+from loadtests.results import write_json
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TENANT = "bench"
@@ -406,7 +407,7 @@ def run(config: Config) -> dict[str, Any]:
                           f"generators={[round(b, 2) for b in measured.generator_busy]} "
                           f"upstreams={[round(b, 2) for b in measured.upstream_busy]}", flush=True)
     result = report(config, runs)
-    (config.out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result, config.out / "report.json")
     (config.out / "report.md").write_text(markdown(result))
     return result
 

@@ -4,7 +4,8 @@ connection to a fast upstream, in one run.
 Layout (as for the reference figures in docs/proxy-costs.md): the fast upstream (loadtests.fast_upstream) runs on
 the upstream cores and this process, the load generator, on the client cores (by default both on the bench core);
 one gateway worker (`kvgate serve`), nginx with one worker and vllm-router run on the proxy core, one at a time
-busy. Loopback only. For each concurrency, a phase per target (direct, gateway, nginx;
+busy (with `--granian`, also kvgate's app under granian instead of uvicorn: loadtests/granian_candidate.py).
+Loopback only. For each concurrency, a phase per target (direct, gateway, nginx;
 order rotating) runs a warm-up, then a fixed measurement window. Reported per concurrency and target: client TTFT
 p50/p99, the TTFT added against direct, throughput and its ratio to direct, and the proxy's CPU per request
 (/proc/<pid>/stat); plus each proxy's idle RSS. With several rounds, figures are medians.
@@ -35,7 +36,7 @@ import yaml
 
 from gateway.devtools.localproc import ServerProcess, free_port, kvgate_command, run_server
 from gateway.keys import hash_key, new_key
-from loadtests import loadgen, procstat, pyspy
+from loadtests import granian_candidate, loadgen, procstat, pyspy
 from loadtests.loadgen import Target
 from loadtests.nginx_baseline import nginx_binary, run_nginx
 from loadtests.overhead_report import (
@@ -57,6 +58,7 @@ from loadtests.router_baseline import router_binary, run_router
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NGINX = "nginx"
 ROUTER = "router"  # the Rust vllm-router
+GRANIAN = "granian"  # kvgate's app under granian instead of uvicorn (a measured candidate)
 MIB = 1024 * 1024
 IDLE_SETTLE_S = 1.0
 QUIET_PROBE_S = 1.0
@@ -85,6 +87,7 @@ class Config:
     nginx: bool
     router: bool
     router_binary: str | None
+    granian: bool
     noisy_retries: int
     quiet_wait_s: float
     log_level: str
@@ -166,6 +169,9 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--no-nginx", dest="nginx", action="store_false", help="skip the nginx reference")
     parser.add_argument("--no-router", dest="router", action="store_false", help="skip the vllm-router reference")
     parser.add_argument("--router-binary", help="the vllm-router executable (default: .venv-bench/bin, then PATH)")
+    parser.add_argument("--granian", action="store_true",
+                        help="also measure kvgate's app served by granian instead of uvicorn "
+                        "(pip install -e '.[compare]')")
     parser.add_argument("--noisy-retries", type=int, default=2,
                         help="run a phase again, at most this often, while another workload shares the cores")
     parser.add_argument("--quiet-wait", type=float, default=30.0,
@@ -183,7 +189,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         client_usage=args.client_usage, proxy_core=args.proxy_core, bench_core=args.bench_core,
         upstream_cores=args.upstream_cores or frozenset({args.bench_core}),
         client_cores=args.client_cores or frozenset({args.bench_core}), nginx=args.nginx, router=args.router,
-        router_binary=args.router_binary,
+        router_binary=args.router_binary, granian=args.granian,
         noisy_retries=args.noisy_retries, quiet_wait_s=args.quiet_wait, log_level=args.log_level,
         profile_out=args.profile_out, profile_concurrency=args.profile_concurrency,
         profile_native=args.profile_native, shadow_sample=args.shadow_sample,
@@ -265,12 +271,22 @@ def start_gateway(
 ) -> tuple[AbstractContextManager[ServerProcess], str]:
     key = write_policies(work / "policies", upstream_url, config.shadow_sample)
     port = free_port()
-    # Its own state file in the run's folder: a file left in the working directory would carry one run's
-    # stores (reuse trace, shadow pairs) into the next.
-    env = {"KVGATE_SALT_SECRET": "bench-" + secrets.token_hex(16), "KVGATE_LOG_LEVEL": config.log_level,
-           "KVGATE_STATE_PATH": str(work / "state.sqlite3")}
     argv = kvgate_command("serve", "--policies", str(work / "policies"), "--port", str(port))
-    return run_server(argv, port, work / "gateway.log", env=env), key
+    return run_server(argv, port, work / "gateway.log", env=gateway_env(config, work, GATEWAY)), key
+
+
+def gateway_env(config: Config, work: Path, name: str) -> dict[str, str]:
+    # Its own state file in the run's folder: a file left in the working directory would carry one run's
+    # stores (reuse trace, shadow pairs) into the next; each served gateway has its own.
+    return {"KVGATE_SALT_SECRET": "bench-" + secrets.token_hex(16), "KVGATE_LOG_LEVEL": config.log_level,
+            "KVGATE_STATE_PATH": str(work / f"{name}-state.sqlite3"), "KVGATE_POLICIES": str(work / "policies")}
+
+
+def start_granian(config: Config, work: Path) -> AbstractContextManager[ServerProcess]:
+    """The same app, policies and settings as the uvicorn gateway (its policy folder), served by granian."""
+    port = free_port()
+    env = {**gateway_env(config, work, GRANIAN), **importable_here()}
+    return run_server(granian_candidate.granian_argv(port), port, work / "granian.log", env=env)
 
 
 @contextmanager
@@ -285,6 +301,10 @@ def servers(config: Config, work: Path) -> Iterator[tuple[ServerProcess, dict[st
             proxies[NGINX] = stack.enter_context(run_nginx(binary, work / "nginx", upstream.url))
         elif config.nginx:
             print("note: no nginx binary on PATH: the nginx reference is skipped", file=sys.stderr)
+        if config.granian and granian_candidate.available():
+            proxies[GRANIAN] = stack.enter_context(start_granian(config, work))
+        elif config.granian:
+            print("note: granian is not installed (pip install -e '.[compare]'): its phase is skipped", file=sys.stderr)
         router = router_binary(config.router_binary) if config.router else None
         if router is not None:
             proxies[ROUTER] = stack.enter_context(run_router(router, work / "router", upstream.url))
@@ -461,7 +481,8 @@ def report(config: Config, outcome: Outcome, summaries: list[Summary]) -> dict[s
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     outcome = run(config)
-    names = [name for name in (DIRECT, GATEWAY, NGINX, ROUTER) if any(m.target == name for m in outcome.measurements)]
+    measured = {m.target for m in outcome.measurements}
+    names = [name for name in (DIRECT, GATEWAY, GRANIAN, NGINX, ROUTER) if name in measured]
     summaries = [summarize(outcome.measurements, concurrency, names) for concurrency in config.concurrency]
     result = report(config, outcome, summaries)
     print_report(result, summaries, print)

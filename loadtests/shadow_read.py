@@ -1,7 +1,9 @@
-"""What reading one shadow answer costs, by client: kvgate's shadow client (the relay's pooled httptools client in
-an instance of its own, its body collected from the read callback) against aiohttp.
+"""What reading one streamed answer costs, by client: kvgate's shadow client (the relay's pooled httptools client in
+an instance of its own, its body collected from the read callback), the same client read as the relay reads it
+(one `next_chunk` per wake-up), aiohttp, and, where installed (`pip install -e '.[compare]'`), pyreqwest (Rust
+reqwest/hyper behind a Python API) with its default and its multi-threaded runtime.
 
-Both read the same 64-token SSE streams from the fast upstream (bench core) with `--concurrency` loops in this
+All read the same 64-token SSE streams from the fast upstream (bench core) with `--concurrency` loops in this
 process (proxy core) for `--duration` seconds, watching for the first content and collecting the whole answer,
 as a shadow arm must. Reported: this process's CPU per answer, for each client in turn.
 
@@ -12,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
+import importlib.util
 import os
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import uvloop
@@ -37,6 +42,28 @@ async def aiohttp_reader(session: aiohttp.ClientSession, url: str, body: bytes) 
             if watch.feed(chunk)[1]:
                 break
         return bytes(captured + await response.read())
+
+
+async def relay_reader(client: UpstreamClient, base_url: str, path: str, body: bytes) -> bytes:
+    """As the relay reads: everything that arrived since the last wake-up, watched for the first content."""
+    response = await client.open("POST", base_url, path, {"content-type": "application/json"}, body)
+    watch, captured = StreamWatch(strip_usage=False), bytearray()
+    while chunk := await response.next_chunk():
+        watch.feed(chunk)
+        captured += chunk
+    response.release()
+    return bytes(captured)
+
+
+async def pyreqwest_reader(client: Any, url: str, body: bytes) -> bytes:
+    request = client.post(url).header("content-type", "application/json").body_bytes(body).build_streamed()
+    async with request as response:
+        reader, watch, captured = response.body_reader, StreamWatch(strip_usage=False), bytearray()
+        while (chunk := await reader.read_chunk()) is not None:
+            data = bytes(chunk)
+            watch.feed(data)
+            captured += data
+        return bytes(captured)
 
 
 async def cpu_per_answer(read: Reader, concurrency: int, duration_s: float) -> tuple[int, float]:
@@ -62,13 +89,23 @@ async def measure(base_url: str, path: str, body: bytes, concurrency: int,
     headers = {"content-type": "application/json"}
     url = base_url + path
     shadow = ShadowClient(UpstreamClient(connections=concurrency, connect_timeout_s=5, read_timeout_s=60))
+    relay = UpstreamClient(connections=concurrency, connect_timeout_s=5, read_timeout_s=60)
     async with aiohttp.ClientSession(auto_decompress=False) as session:
         results = {
             "aiohttp": await cpu_per_answer(lambda: aiohttp_reader(session, url, body), concurrency, duration_s),
             "shadow client": await cpu_per_answer(
                 lambda: _shadow_body(shadow, base_url, path, headers, body), concurrency, duration_s),
+            "relay client": await cpu_per_answer(lambda: relay_reader(relay, base_url, path, body), concurrency,
+                                                 duration_s),
         }
     shadow.close()
+    relay.close()
+    if importlib.util.find_spec("pyreqwest") is not None:
+        builder = importlib.import_module("pyreqwest.client").ClientBuilder
+        for name, threaded in (("pyreqwest", False), ("pyreqwest (mt)", True)):
+            async with builder().runtime_multithreaded(threaded).max_connections(concurrency).build() as client:
+                results[name] = await cpu_per_answer(lambda: pyreqwest_reader(client, url, body), concurrency,
+                                                     duration_s)
     return results
 
 
@@ -93,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = uvloop.run(measure(upstream.url, path, bench.request_body(config), args.concurrency,
                                      args.duration))
     for name, (answers, micros) in results.items():
-        print(f"{name:<14} {answers:6d} answers  {micros:6.0f} µs CPU per answer")
+        print(f"{name:<15} {answers:6d} answers  {micros:6.0f} µs CPU per answer")
     return 0
 
 

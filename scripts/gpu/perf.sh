@@ -4,12 +4,14 @@
 # network, so everything it needs travels in the carried stage folder:
 #   bash scripts/gpu/perf_stage.sh            # here: wheels for Python 3.12 + nginx .debs into .stage/perf
 #   carry [".stage/perf"]; command: bash scripts/gpu/perf.sh STEP [STEP ...]
-# Steps (each writes into $OUT): check, overhead, before, events, prompt, idle, workers, shadow. Core sets below
+# Steps (each writes into $OUT): check, overhead, before, events, prompt, idle, workers, clients, shadow. Core sets below
 # keep the process under test on its own cores, away from the upstream and the load generators.
 #   before: the overhead benchmark with an earlier tree's gateway/ and loadtests/ (BEFORE, default .stage/before,
 #           made with `git archive <commit> gateway loadtests | tar -x -C .stage/before`; carry it too)
 #   events: the overhead benchmark at c=32 with one token per answer (EVENTS_ARGS), to split the per-request
 #           cost into its fixed part and its per-event part against the 64-token run
+#   clients: CPU per streamed answer read by kvgate's upstream client, aiohttp and pyreqwest (loadtests/shadow_read.py)
+#   (OVERHEAD_ARGS="--granian ..." adds kvgate's app served by granian to the overhead run)
 set -uo pipefail
 STAGE=${STAGE:-.stage/perf}
 OUT=${OUT:-/tmp/kvg-perf}
@@ -25,7 +27,7 @@ step() {
   case "$1" in
     check)
       { nproc; python3 -V; nginx -v 2>&1; taskset -pc $$; vllm-router --help | head -3
-        python3 -c "import gateway, uvloop, vllm_router_rs; print('imports ok')"; } 2>&1 | tee "$OUT/check.txt" ;;
+        python3 -c "import gateway, uvloop, vllm_router_rs, granian, pyreqwest; print('imports ok')"; } 2>&1 | tee "$OUT/check.txt" ;;
     overhead)
       python3 -m loadtests.proxy_overhead --out "$OUT/overhead.json" --rounds "$ROUNDS" --duration "$DURATION" \
         ${OVERHEAD_ARGS:-} 2>&1 | tee "$OUT/overhead.log" ;;
@@ -42,6 +44,8 @@ step() {
       python3 -m loadtests.prompt_size --out "$OUT/prompt.json" ${PROMPT_ARGS:-} 2>&1 | tee "$OUT/prompt.log" ;;
     workers)
       python3 -m loadtests.workers_scaling --out "$OUT/workers" ${WORKERS_ARGS:-} 2>&1 | tee "$OUT/workers.log" ;;
+    clients)
+      python3 -m loadtests.shadow_read --duration "$DURATION" ${CLIENTS_ARGS:-} 2>&1 | tee "$OUT/clients.log" ;;
     shadow)
       python3 -m loadtests.shadow_cost --out "$OUT/shadow.json" ${SHADOW_ARGS:-} 2>&1 | tee "$OUT/shadow.log" ;;
     *) echo "unknown step $1" >&2; return 2 ;;

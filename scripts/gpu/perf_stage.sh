@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stage what scripts/gpu/perf.sh needs on a host without network: kvgate's runtime wheels and the Rust
-# vllm-router for CPython 3.12 on x86-64, and Debian's nginx packages (unpacked there with dpkg -x, not installed).
+# Stage what scripts/gpu/perf.sh needs on a host without network: kvgate's runtime wheels, the `compare` extra's
+# candidates and the Rust vllm-router for CPython 3.12 on x86-64, and Debian's nginx packages (unpacked there with dpkg -x, not installed).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DEST=${STAGE:-$ROOT/.stage}/perf
@@ -12,6 +12,7 @@ import sys, tomllib
 with open(sys.argv[1], "rb") as handle:
     project = tomllib.load(handle)["project"]
 print("\n".join(project["dependencies"]))
+print("\n".join(project["optional-dependencies"]["compare"]))  # candidates the benchmarks measure (granian, pyreqwest)
 print("vllm-router==0.1.17")
 EOF
 PLATFORMS=()

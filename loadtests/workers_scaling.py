@@ -9,6 +9,11 @@ fixed window are counted. Reported per N: requests/s, the efficiency rps(N) / (N
 0.85 target, client TTFT p50, and the CPU of every part (gateway workers, upstreams, generators, as cores busy)
 so a generator or upstream that ran out of CPU is visible rather than mistaken for the gateway's limit.
 
+`--independent` is the control: instead of one `kvgate serve --workers N`, N separate single-process gateways
+(each its own port, state file and core; the generators spread their streams over them), sharing nothing but the
+machine. Where they lose as much per added core as the workers do, the loss is the host's (shared caches,
+memory, the kernel's loopback path, clock), not the workers' design.
+
     python -m loadtests.workers_scaling --workers 1,2,4,8 --gateway-cores 0-7 --upstream-cores 8-10 \\
         --client-cores 11-15 --out DIR
 
@@ -69,6 +74,7 @@ class Config:
     log_level: str
     out: Path
     listen: str = "shared"  # KVGATE_WORKERS_LISTEN
+    independent: bool = False  # the control: N single-process gateways instead of one with N workers
     shared_cores: bool = False  # small boxes only: the parts may share cores (the figures then say so)
 
 
@@ -100,6 +106,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--out", type=Path, required=True, help="directory for report.json and report.md")
     parser.add_argument("--listen", choices=["shared", "reuseport"], default="shared",
                         help="KVGATE_WORKERS_LISTEN: one shared listening socket, or SO_REUSEPORT sockets")
+    parser.add_argument("--independent", action="store_true",
+                        help="the control: N separate single-process gateways instead of --workers N")
     parser.add_argument("--allow-shared-cores", action="store_true",
                         help="let the core sets overlap (a smoke run on a small box; not a measurement)")
     args = parser.parse_args(argv)
@@ -107,7 +115,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     return Config(sorted({int(n) for n in args.workers.split(",")}), parse_cores(args.gateway_cores),
                   parse_cores(args.upstream_cores), client_cores, args.clients or len(client_cores),
                   args.streams_per_worker, args.warmup_s, args.duration_s, args.rounds, args.tokens, args.token_ms,
-                  args.ttft_ms, args.log_level, args.out, args.listen, args.allow_shared_cores)
+                  args.ttft_ms, args.log_level, args.out, args.listen, args.independent, args.allow_shared_cores)
 
 
 def check_cores(config: Config) -> None:
@@ -164,18 +172,35 @@ def gateway(config: Config, work: Path, workers: int, upstream_urls: list[str]) 
     run_dir = work / f"gateway-{workers}"
     run_dir.mkdir()
     key = write_policies(run_dir / "policies", upstream_urls)
+    with served(config, run_dir, workers, config.gateway_cores[:workers]) as server:
+        yield server, key
+
+
+@contextmanager
+def served(config: Config, run_dir: Path, workers: int, cores: list[int]) -> Iterator[ServerProcess]:
+    """`kvgate serve` on the policies in `run_dir`, its parent on `cores` and each worker on one of them."""
     port = free_port()
     env = {"KVGATE_SALT_SECRET": "bench-" + secrets.token_hex(16), "KVGATE_LOG_LEVEL": config.log_level,
-           "KVGATE_STATE_PATH": str(run_dir / "state.sqlite3"), "KVGATE_WORKERS": str(workers),
+           "KVGATE_STATE_PATH": str(run_dir / f"state-{port}.sqlite3"), "KVGATE_WORKERS": str(workers),
            "KVGATE_WORKERS_LISTEN": config.listen}
     argv = kvgate_command("serve", "--policies", str(run_dir / "policies"), "--port", str(port))
-    with run_server(argv, port, run_dir / "gateway.log", env=env) as server:
+    with run_server(argv, port, run_dir / f"gateway-{port}.log", env=env) as server:
         wait_for_workers(server, workers)
-        cores = config.gateway_cores[:workers]
         procstat.pin_process(server.popen.pid, set(cores))
         for pid, core in zip(worker_pids(server, workers), cores, strict=True):
             procstat.pin_process(pid, {core})
-        yield server, key
+        yield server
+
+
+@contextmanager
+def independent_gateways(config: Config, work: Path, count: int,
+                         upstream_urls: list[str]) -> Iterator[tuple[list[ServerProcess], str]]:
+    """The control: `count` single-process gateways on one policy set, each on a core of its own."""
+    run_dir = work / f"independent-{count}"
+    run_dir.mkdir()
+    key = write_policies(run_dir / "policies", upstream_urls)
+    with ExitStack() as stack:
+        yield [stack.enter_context(served(config, run_dir, 1, [core])) for core in config.gateway_cores[:count]], key
 
 
 def worker_pids(server: ServerProcess, workers: int) -> list[int]:
@@ -245,7 +270,9 @@ def generate_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     os.sched_setaffinity(0, {args.core})
     headers = {"content-type": "application/json", "authorization": f"Bearer {args.key}"}
-    targets = [Target("gateway", args.url, headers, body) for body in Path(args.body).read_bytes().splitlines()]
+    urls = args.url.split(",")  # several (the control's separate gateways): the streams alternate over them
+    bodies = Path(args.body).read_bytes().splitlines()
+    targets = [Target("gateway", urls[n % len(urls)], headers, body) for n, body in enumerate(bodies)]
     time.sleep(max(0.0, args.start_at - time.time()))  # every generator starts at the same moment
     run = uvloop.run(loadgen.run_phase(targets, args.streams, args.warmup_s, args.duration_s,
                                        min(1.0, args.warmup_s / 2), lambda: procstat.process_cpu_s(os.getpid())))
@@ -283,26 +310,54 @@ def cpu_of(pids: Sequence[int]) -> list[float]:
     return values
 
 
-def measure(config: Config, workers: int, upstream_list: list[ServerProcess], work: Path) -> Measured:
+@dataclass(frozen=True)
+class Window:
+    """CPU seconds at one instant: each worker (or gateway), each upstream, the supervising parent."""
+
+    workers: list[float]
+    upstreams: list[float]
+    parent: float
+    at: float
+
+
+@contextmanager
+def serving(config: Config, workers: int, upstream_list: list[ServerProcess],
+            work: Path) -> Iterator[tuple[list[str], str, list[int], int | None]]:
+    """Base URLs, key, the serving PIDs (one per core) and the supervising parent's PID (None when there is none)."""
     urls = [server.url for server in upstream_list]
+    if config.independent:
+        with independent_gateways(config, work, workers, urls) as (servers, key):
+            yield [server.url for server in servers], key, [server.popen.pid for server in servers], None
+        return
     with gateway(config, work, workers, urls) as (server, key):
-        url = f"{server.url}/v1/chat/completions"
-        sanity(url, key)
+        yield [server.url], key, worker_pids(server, workers), server.popen.pid if workers > 1 else None
+
+
+def measure(config: Config, workers: int, upstream_list: list[ServerProcess], work: Path) -> Measured:
+    with serving(config, workers, upstream_list, work) as (bases, key, pids, parent):
+        urls = [f"{base}/v1/chat/completions" for base in bases]
+        for url in urls:
+            sanity(url, key)
         start_at = time.time() + 1.0
-        generators = start_generators(config, url, key, config.streams_per_worker * workers, start_at, work)
-        pids = worker_pids(server, workers)
+        generators = start_generators(config, ",".join(urls), key, config.streams_per_worker * workers, start_at,
+                                      work)
         upstream_pids = [up.popen.pid for up in upstream_list]
+
+        def now() -> Window:
+            parent_cpu = procstat.process_cpu_s(parent) if parent is not None else 0.0
+            return Window(cpu_of(pids), cpu_of(upstream_pids), parent_cpu, time.monotonic())
+
         time.sleep(max(0.0, start_at + config.warmup_s - time.time()))  # to the window's start
         cores_before = procstat.core_busy_s()
-        first = (cpu_of(pids), cpu_of(upstream_pids), procstat.process_cpu_s(server.popen.pid), time.monotonic())
+        first = now()
         time.sleep(config.duration_s)  # the window
-        last = (cpu_of(pids), cpu_of(upstream_pids), procstat.process_cpu_s(server.popen.pid), time.monotonic())
+        last = now()
         cores_after = procstat.core_busy_s()
         results = [collect(generator) for generator in generators]
-    window = last[3] - first[3]
-    worker_busy = [(b - a) / window for a, b in zip(first[0], last[0], strict=True)]
-    parent_busy = (last[2] - first[2]) / window if workers > 1 else 0.0
-    upstream_busy = [(b - a) / window for a, b in zip(first[1], last[1], strict=True)]
+    window = last.at - first.at
+    worker_busy = [(b - a) / window for a, b in zip(first.workers, last.workers, strict=True)]
+    parent_busy = (last.parent - first.parent) / window
+    upstream_busy = [(b - a) / window for a, b in zip(first.upstreams, last.upstreams, strict=True)]
     generator_busy = [result.cpu_s / result.window_s for result in results]
     warnings = [f"generator {index} was {busy:.0%} busy: the load may be generator-bound"
                 for index, busy in enumerate(generator_busy) if busy > SATURATED]
@@ -361,7 +416,8 @@ def report(config: Config, runs: dict[int, list[Measured]]) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = ["| workers | requests/s | ÷ (N × rps(1)) | client TTFT p50 | gateway cores busy | "
+    what = "gateways" if result["config"]["independent"] else "workers"
+    lines = [f"| {what} | requests/s | ÷ (N × rps(1)) | client TTFT p50 | gateway cores busy | "
              "gateway CPU per request | per worker | upstreams busy | generators busy | others on gateway cores | "
              "errors |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -376,7 +432,8 @@ def markdown(result: dict[str, Any]) -> str:
     warnings = [f"- N={row['workers']}: {warning}" for row in result["rows"] for warning in row["warnings"]]
     config = result["config"]
     return "\n".join([
-        f"# kvgate serve --workers N: throughput (target ≥ {TARGET_EFFICIENCY} × N × rps(1))", "",
+        ("# N separate single-process gateways (the control for --workers N): throughput" if config["independent"]
+         else f"# kvgate serve --workers N: throughput (target ≥ {TARGET_EFFICIENCY} × N × rps(1))"), "",
         f"Host CPUs: {result['host_cpus']}; gateway cores {config['gateway_cores']}, upstream cores "
         f"{config['upstream_cores']}, client cores {config['client_cores']} ({config['clients']} generator "
         f"processes); {config['streams_per_worker']} streams per worker; streamed chat, {config['tokens']} tokens, "

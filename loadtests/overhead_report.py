@@ -138,15 +138,15 @@ def _cpu_cell(ms: float, system_share: float) -> str:
 
 
 def table(summaries: Sequence[Summary]) -> str:
-    header = ("   c | target  | TTFT p50 / p99 ms | added p50 / p99 ms |   req/s |  × direct | proxy CPU/req (sys) "
-              "| proxy core | foreign")
+    header = ("   c | target         | TTFT p50 / p99 ms | added p50 / p99 ms |   req/s |  × direct "
+              "| proxy CPU/req (sys) | proxy core | foreign")
     lines = [header, "-" * len(header)]
     for summary in summaries:
         for target, figures in summary.by_target.items():
             versus = summary.versus_direct.get(target, {})
             added_p50, added_p99 = versus.get("added_ttft_p50_ms"), versus.get("added_ttft_p99_ms")
             lines.append(
-                f"{summary.concurrency:>4} | {target:<7} "
+                f"{summary.concurrency:>4} | {target:<14} "
                 f"| {_cell(figures['ttft_p50_ms'], '.2f', 7)} / {_cell(figures['ttft_p99_ms'], '.2f', 7)} "
                 f"| {_cell(added_p50, '+.2f', 7)} / {_cell(added_p99, '+.2f', 7)} "
                 f"| {_cell(figures['requests_per_s'], '.1f', 7)} | {_cell(versus.get('throughput_ratio'), '.2f', 9)} "
@@ -165,7 +165,7 @@ def profile_summary(path: Path, measured: Measurement, rate_hz: int) -> dict[str
     functions = pyspy.by_function(stacks)
     loop_own = sum(row.own for row in functions if row.function == LOOP_FRAME)
     return {
-        "path": str(path), "concurrency": measured.concurrency, "rate_hz": rate_hz,
+        "path": str(path), "target": measured.target, "concurrency": measured.concurrency, "rate_hz": rate_hz,
         "samples": sum(count for _, count in stacks), "phase": phase_figures(measured),
         "cpu_ms_per_request": measured.proxy_cpu_ms_per_request,
         "python_us_per_request": (sum(row.own for row in functions) - loop_own) * us_per_sample,
@@ -199,7 +199,7 @@ def print_report(result: dict[str, Any], summaries: Sequence[Summary], say: Call
         say(f"warning: {warning}")
     profile = result["profile"]
     if profile is not None:
-        say(f"py-spy profile of the gateway at c={profile['concurrency']} ({profile['path']}): "
+        say(f"py-spy profile of {profile.get('target', GATEWAY)} at c={profile['concurrency']} ({profile['path']}): "
             f"{profile['cpu_ms_per_request'] * 1000:.0f} µs CPU per request, of which Python frames sampled "
             f"{profile['python_us_per_request']:.0f} µs. Functions by own time, µs per request (own / inclusive); "
             f"'{LOOP_FRAME}' own = idle + C under the event loop:")

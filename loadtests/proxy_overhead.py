@@ -4,7 +4,8 @@ connection to a fast upstream, in one run.
 Layout (as for the reference figures in docs/proxy-costs.md): the fast upstream (loadtests.fast_upstream) runs on
 the upstream cores and this process, the load generator, on the client cores (by default both on the bench core);
 one gateway worker (`kvgate serve`), nginx with one worker and vllm-router run on the proxy core, one at a time
-busy (with `--granian`, also kvgate's app under granian instead of uvicorn: loadtests/granian_candidate.py).
+busy (with `--granian`, also kvgate's app under granian instead of uvicorn: loadtests/granian_candidate.py;
+with `--floors`, two bare relays that bound what any relay on this stack can cost: loadtests/floor_relay.py).
 Loopback only. For each concurrency, a phase per target (direct, gateway, nginx;
 order rotating) runs a warm-up, then a fixed measurement window. Reported per concurrency and target: client TTFT
 p50/p99, the TTFT added against direct, throughput and its ratio to direct, and the proxy's CPU per request
@@ -59,6 +60,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 NGINX = "nginx"
 ROUTER = "router"  # the Rust vllm-router
 GRANIAN = "granian"  # kvgate's app under granian instead of uvicorn (a measured candidate)
+FLOOR_KINDS = {"floor-asgi": "asgi", "floor-protocol": "protocol"}  # bare relays (loadtests/floor_relay.py)
 MIB = 1024 * 1024
 IDLE_SETTLE_S = 1.0
 QUIET_PROBE_S = 1.0
@@ -88,12 +90,14 @@ class Config:
     router: bool
     router_binary: str | None
     granian: bool
+    floors: bool
     noisy_retries: int
     quiet_wait_s: float
     log_level: str
     profile_out: Path | None
     profile_concurrency: int
     profile_native: bool
+    profile_target: str
     shadow_sample: float
 
     @property
@@ -172,6 +176,9 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--granian", action="store_true",
                         help="also measure kvgate's app served by granian instead of uvicorn "
                         "(pip install -e '.[compare]')")
+    parser.add_argument("--floors", action="store_true",
+                        help="also measure the two bare relays that set the floor under kvgate's stack "
+                        "(loadtests/floor_relay.py: uvicorn with kvgate's upstream client; callbacks only)")
     parser.add_argument("--noisy-retries", type=int, default=2,
                         help="run a phase again, at most this often, while another workload shares the cores")
     parser.add_argument("--quiet-wait", type=float, default=30.0,
@@ -180,6 +187,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--profile-out", type=Path, help="also record the gateway with py-spy (collapsed stacks)")
     parser.add_argument("--profile-concurrency", type=int, default=256)
     parser.add_argument("--profile-native", action="store_true", help="py-spy --native (C frames; pauses)")
+    parser.add_argument("--profile-target", default=GATEWAY,
+                        help="the proxy to record (gateway, or with --floors floor-asgi / floor-protocol)")
     parser.add_argument("--shadow-sample", type=float, default=0.0,
                         help="mirror this share of requests to a shadow pool (the same fast upstream)")
     args = parser.parse_args(argv)
@@ -189,10 +198,10 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         client_usage=args.client_usage, proxy_core=args.proxy_core, bench_core=args.bench_core,
         upstream_cores=args.upstream_cores or frozenset({args.bench_core}),
         client_cores=args.client_cores or frozenset({args.bench_core}), nginx=args.nginx, router=args.router,
-        router_binary=args.router_binary, granian=args.granian,
+        router_binary=args.router_binary, granian=args.granian, floors=args.floors,
         noisy_retries=args.noisy_retries, quiet_wait_s=args.quiet_wait, log_level=args.log_level,
         profile_out=args.profile_out, profile_concurrency=args.profile_concurrency,
-        profile_native=args.profile_native, shadow_sample=args.shadow_sample,
+        profile_native=args.profile_native, profile_target=args.profile_target, shadow_sample=args.shadow_sample,
     )
 
 
@@ -289,6 +298,12 @@ def start_granian(config: Config, work: Path) -> AbstractContextManager[ServerPr
     return run_server(granian_candidate.granian_argv(port), port, work / "granian.log", env=env)
 
 
+def start_floor(kind: str, work: Path, upstream_url: str) -> AbstractContextManager[ServerProcess]:
+    port = free_port()
+    argv = [sys.executable, "-m", "loadtests.floor_relay", kind, "--port", str(port), "--upstream", upstream_url]
+    return run_server(argv, port, work / f"floor-{kind}.log", env=importable_here(), ready_path="/health")
+
+
 @contextmanager
 def servers(config: Config, work: Path) -> Iterator[tuple[ServerProcess, dict[str, ServerProcess], str]]:
     """The fast upstream (bench core) and the proxies (proxy core); all stopped by PID on exit."""
@@ -301,6 +316,9 @@ def servers(config: Config, work: Path) -> Iterator[tuple[ServerProcess, dict[st
             proxies[NGINX] = stack.enter_context(run_nginx(binary, work / "nginx", upstream.url))
         elif config.nginx:
             print("note: no nginx binary on PATH: the nginx reference is skipped", file=sys.stderr)
+        if config.floors:
+            for name, kind in FLOOR_KINDS.items():
+                proxies[name] = stack.enter_context(start_floor(kind, work, upstream.url))
         if config.granian and granian_candidate.available():
             proxies[GRANIAN] = stack.enter_context(start_granian(config, work))
         elif config.granian:
@@ -412,15 +430,15 @@ async def measure_all(config: Config, targets: list[Target], processes: Processe
     return measurements
 
 
-async def profile_phase(config: Config, gateway: Target, processes: Processes, output: Path) -> Measurement:
-    with pyspy.recording(processes.proxies[GATEWAY][0], output, rate_hz=PROFILE_RATE_HZ,
+async def profile_phase(config: Config, profiled: Target, processes: Processes, output: Path) -> Measurement:
+    with pyspy.recording(processes.proxies[profiled.name][0], output, rate_hz=PROFILE_RATE_HZ,
                          native=config.profile_native):
-        return await measure_phase(config, gateway, config.profile_concurrency, -1, processes)
+        return await measure_phase(config, profiled, config.profile_concurrency, -1, processes)
 
 
 def progress_line(measured: Measurement) -> str:
     stats = measured.stats
-    return (f"  round {measured.round} c={measured.concurrency:<4} {measured.target:<8} "
+    return (f"  round {measured.round} c={measured.concurrency:<4} {measured.target:<14} "
             f"{stats.requests_per_s:8.1f} req/s  TTFT p50 {stats.ttft_p50_ms:7.2f} ms  p99 {stats.ttft_p99_ms:7.2f} ms"
             f"  errors {stats.errors}  proxy CPU {measured.proxy_core_busy:5.1%}"
             f"  foreign load {measured.foreign_load:4.0%}")
@@ -452,8 +470,8 @@ def run(config: Config) -> Outcome:
             measurements = uvloop.run(measure_all(config, targets, processes))
             profile = None
             if config.profile_out is not None:
-                gateway = next(target for target in targets if target.name == GATEWAY)
-                profiled = uvloop.run(profile_phase(config, gateway, processes, config.profile_out))
+                chosen = next(target for target in targets if target.name == config.profile_target)
+                profiled = uvloop.run(profile_phase(config, chosen, processes, config.profile_out))
                 profile = profile_summary(config.profile_out, profiled, PROFILE_RATE_HZ)
         except Exception:
             print(f"gateway log tail:\n{proxies[GATEWAY].log_text()[-3000:]}", file=sys.stderr)
@@ -482,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     outcome = run(config)
     measured = {m.target for m in outcome.measurements}
-    names = [name for name in (DIRECT, GATEWAY, GRANIAN, NGINX, ROUTER) if name in measured]
+    names = [name for name in (DIRECT, GATEWAY, GRANIAN, *FLOOR_KINDS, NGINX, ROUTER) if name in measured]
     summaries = [summarize(outcome.measurements, concurrency, names) for concurrency in config.concurrency]
     result = report(config, outcome, summaries)
     print_report(result, summaries, print)

@@ -37,7 +37,8 @@ from gateway.reuse.sampling import CharsPerToken, ShardsSampler, root_value
 from gateway.reuse.store import TraceStore
 
 log = get_logger(__name__)
-OUTCOMES = ("sampled", "unsampled", "no_prompt", "no_usage", "short_prompt", "dropped_queue_full", "error")
+OUTCOMES = ("sampled", "unsampled", "no_prompt", "no_usage", "short_prompt", "dropped_queue_full", "erased_epoch",
+            "error")
 IDLE_FLUSH_S = 5.0  # without traffic, retention is still applied this often
 RETRY_S = 1.0
 JOBS_PER_SLICE = 8  # chains hashed between two yields to the event loop
@@ -136,6 +137,10 @@ class ReuseTrace:
         return outcome
 
     def _admit(self, request: FinishedRequest) -> str:
+        if request.epoch < self._epochs.get(request.tenant, request.epoch):
+            # Started under the salt epoch that `tenant forget` erased and finished after the reload that
+            # erased it: recording it now would bring back what the erasure removed.
+            return "erased_epoch"
         parts, usage, user = request.parts, request.usage, request.user
         length = parts.units if parts is not None else 0
         if parts is None or not length:

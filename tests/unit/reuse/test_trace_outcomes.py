@@ -148,6 +148,20 @@ def test_a_raised_epoch_erases_what_is_queued_and_stored_below_it(tmp_path: Path
     asyncio.run(run())
 
 
+def test_a_request_that_finishes_after_the_erasure_is_not_recorded_under_the_erased_epoch(tmp_path: Path) -> None:
+    async def run() -> None:
+        trace, storage, registry = await new_trace(tmp_path)
+        trace.on_policies(policy_set(epoch=2))  # `tenant forget` reloaded while a request of epoch 1 was running
+        assert trace.observe(finished(1, PromptParts(IDS), USAGE)) == "erased_epoch"
+        assert counted(registry, "erased_epoch") == 1
+        assert trace.observe(finished(2, PromptParts(IDS), USAGE)) == "sampled"
+        await trace.flush()
+        assert [record.epoch for record in await trace.store.read("acme", None)] == [2]
+        await storage.close()
+
+    asyncio.run(run())
+
+
 KEY = tenant_trace_key(SECRET, "acme")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 10_000
+LOCKED_RETRY_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class SqliteWorker:
         if options.read_only:
             db.execute("PRAGMA query_only = 1")
         else:
-            db.execute("PRAGMA journal_mode = WAL")
+            switch_to_wal(db, options.busy_timeout_ms / 1000)
         # Readers (`kvgate audit`, other processes) see every committed write; a power cut may lose the last
         # commits, never consistency, and skipping the per-commit fsync keeps writes cheap.
         db.execute("PRAGMA synchronous = NORMAL")
@@ -107,6 +109,22 @@ class SqliteWorker:
             await self._submit(self._db.close)
             self._db = None
         self._thread.shutdown(wait=True)
+
+
+def switch_to_wal(db: sqlite3.Connection, timeout_s: float,
+                  wait: Callable[[], None] = lambda: time.sleep(LOCKED_RETRY_S)) -> None:
+    """Put the file in WAL mode. While another connection (a second worker starting at the same moment) writes to
+    a file still in rollback mode, SQLite refuses the switch at once with "database is locked", without waiting
+    for its busy timeout; so the switch is retried, on this worker thread, for as long as that timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() >= deadline:
+                raise
+        wait()
 
 
 def _rollback(db: sqlite3.Connection) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gateway.storage import Backend, Storage
-from gateway.storage.sqlite import SqliteOptions, SqliteWorker
+from gateway.storage.sqlite import SqliteOptions, SqliteWorker, switch_to_wal
 
 
 def _create(db: sqlite3.Connection) -> None:
@@ -92,3 +92,38 @@ def test_a_read_only_worker_reads_committed_writes_and_refuses_its_own(tmp_path:
             await writer.close()
 
     asyncio.run(run())
+
+
+def test_the_switch_to_wal_waits_out_another_connection_writing_to_a_fresh_file(tmp_path: Path) -> None:
+    """Two workers opening a new file at once: one writes (rollback mode still) while the other asks for WAL,
+    which SQLite refuses at once, busy timeout or not. The switch is retried; here the writer commits the first
+    time the switch has to wait."""
+    path = tmp_path / "fresh.sqlite3"
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("CREATE TABLE t (n INTEGER)")
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("PRAGMA busy_timeout = 10000")
+    waits: list[int] = []
+
+    def writer_commits() -> None:
+        waits.append(1)
+        writer.execute("COMMIT")
+
+    switch_to_wal(other, timeout_s=60, wait=writer_commits)
+    assert waits == [1]
+    assert other.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    other.close()
+    writer.close()
+
+
+def test_the_switch_to_wal_gives_up_past_its_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "held.sqlite3"
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("CREATE TABLE t (n INTEGER)")
+    other = sqlite3.connect(path, isolation_level=None)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        switch_to_wal(other, timeout_s=0)
+    other.close()
+    writer.close()

@@ -348,7 +348,9 @@ def test_the_schedule_probes_only_pools_with_an_interval_once_it_has_passed(tmp_
                 await _until(lambda: reads[0] >= seen + 20)  # ten ticks or more at +59 s
                 bodies_at_59 = len(upstream.bodies)
                 now[0] = 1060.0
-                await _until(lambda: len(upstream.bodies) == 4)
+                # The upstream sees the fourth probe before the runner has recorded its outcome: wait for both.
+                await _until(lambda: len(upstream.bodies) == 4
+                             and any(outcome.at == 1060.0 for outcome in canary.latest.values()))
             finally:
                 await tasks.close()
             return [canary.latest[key] for key in sorted(canary.latest)], bodies_at_59

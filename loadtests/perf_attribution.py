@@ -36,10 +36,10 @@ async def drive(target: loadgen.Target, concurrency: int, duration_s: float, spr
     return len(run.samples)
 
 
-def perf_report(data: Path, *options: str) -> list[tuple[int, str]]:
-    """(samples, name) rows of `perf report --sort dso|sym` for one recording."""
-    argv = ["perf", "report", "-i", str(data), "--stdio", "-g", "none", "--no-children", "-F", "sample,"
-            + options[0], *options[1:]]
+def perf_report(data: Path, field: str, *filters: str) -> list[tuple[int, str]]:
+    """(samples, name) rows of one recording, grouped by `field` (dso or sym), e.g. filtered by `--dsos X`."""
+    argv = ["perf", "report", "-i", str(data), "--stdio", "-g", "none", "--no-children", "-F", f"sample,{field}",
+            *filters]
     text = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     rows = []
     for line in text.splitlines():

@@ -67,8 +67,8 @@ MMAP_MIB = 4096
 # (source, medium, hash) without a rowid, so an open, a removal or a copy count touches one B-tree plus the
 # age index. Closed records are only ever appended, read whole by `--since` reports and deleted by compaction
 # in rowid order: no index, so the history they accumulate (millions of rows) costs ingestion nothing.
+# (The file is put in WAL mode by the writer's SqliteWorker before this runs.)
 SCHEMA = """
-PRAGMA journal_mode=WAL;
 CREATE TABLE IF NOT EXISTS ledger_open (
     source TEXT NOT NULL, medium TEXT NOT NULL, hash NOT NULL, parent, tenant TEXT NOT NULL, epoch INTEGER,
     stored_at REAL NOT NULL, policy_version TEXT NOT NULL, copies INTEGER NOT NULL DEFAULT 1, unknown_since REAL,

@@ -6,10 +6,10 @@ relay that CPython, uvloop and httptools allow cost per streamed request, before
 
 - `asgi`: uvicorn, configured as `kvgate serve` configures it (uvloop, httptools, no access log), running an
   ASGI app that reads the body, sends it unchanged through kvgate's own upstream client
-  (`gateway.proxy.upstream.UpstreamClient`, keep-alive pool) and relays every upstream read as one ASGI message
-  from the request's coroutine, as kvgate's relay does. No authentication, no rewrite, no metrics, no log line,
-  no disconnect watcher, no SSE scan: kvgate's CPU per request less this relay's is what kvgate's own features
-  and checks cost on top of the server and the client.
+  (`gateway.proxy.upstream.UpstreamClient`, keep-alive pool) and relays every upstream read as one ASGI message,
+  sent from the connection's read callback (`pump` and `run_until_blocked`), as kvgate's relay does. No
+  authentication, no rewrite, no metrics, no log line, no disconnect watcher, no SSE scan: kvgate's CPU per
+  request less this relay's is what kvgate's own features and checks cost on top of the server and the client.
 - `protocol`: no ASGI server and no coroutine per request. One `asyncio.Protocol` per client connection and one
   per pooled upstream connection, both parsed by httptools; each upstream read is framed and written onto the
   client's transport from the read callback. This is the in-house server the issue rules out, reduced to its
@@ -30,6 +30,7 @@ import httptools
 import uvicorn
 import uvloop
 
+from gateway.asgi.inline import run_until_blocked
 from gateway.asgi.io import Message, Receive, Scope, Send
 from gateway.proxy.upstream import UpstreamClient, parse_base_url
 from gateway.tasks import TaskSupervisor
@@ -66,8 +67,8 @@ class AsgiFloor:
         try:
             await send({"type": "http.response.start", "status": response.status,
                         "headers": [(b"content-type", b"text/event-stream")]})
-            while chunk := await response.next_chunk():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await response.pump(lambda chunk: run_until_blocked(
+                send({"type": "http.response.body", "body": chunk, "more_body": True})))
             await send({"type": "http.response.body", "body": b""})
         except BaseException:
             response.close()

@@ -138,7 +138,7 @@ def _cpu_cell(ms: float, system_share: float) -> str:
 
 
 def table(summaries: Sequence[Summary]) -> str:
-    header = ("   c | target         | TTFT p50 / p99 ms | added p50 / p99 ms |   req/s |  × direct "
+    header = ("   c | target           | TTFT p50 / p99 ms | added p50 / p99 ms |   req/s |  × direct "
               "| proxy CPU/req (sys) | proxy core | foreign")
     lines = [header, "-" * len(header)]
     for summary in summaries:
@@ -146,7 +146,7 @@ def table(summaries: Sequence[Summary]) -> str:
             versus = summary.versus_direct.get(target, {})
             added_p50, added_p99 = versus.get("added_ttft_p50_ms"), versus.get("added_ttft_p99_ms")
             lines.append(
-                f"{summary.concurrency:>4} | {target:<14} "
+                f"{summary.concurrency:>4} | {target:<16} "
                 f"| {_cell(figures['ttft_p50_ms'], '.2f', 7)} / {_cell(figures['ttft_p99_ms'], '.2f', 7)} "
                 f"| {_cell(added_p50, '+.2f', 7)} / {_cell(added_p99, '+.2f', 7)} "
                 f"| {_cell(figures['requests_per_s'], '.1f', 7)} | {_cell(versus.get('throughput_ratio'), '.2f', 9)} "

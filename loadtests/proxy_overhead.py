@@ -61,6 +61,7 @@ NGINX = "nginx"
 ROUTER = "router"  # the Rust vllm-router
 GRANIAN = "granian"  # kvgate's app under granian instead of uvicorn (a measured candidate)
 FLOOR_KINDS = {"floor-asgi": "asgi", "floor-protocol": "protocol"}  # bare relays (loadtests/floor_relay.py)
+COMPARED = "gateway-compared"  # `kvgate serve` from another source tree (--compare-tree), in the same run
 MIB = 1024 * 1024
 IDLE_SETTLE_S = 1.0
 QUIET_PROBE_S = 1.0
@@ -91,6 +92,8 @@ class Config:
     router_binary: str | None
     granian: bool
     floors: bool
+    compare_tree: Path | None
+    compare_env: tuple[tuple[str, str], ...]
     noisy_retries: int
     quiet_wait_s: float
     log_level: str
@@ -179,6 +182,14 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--floors", action="store_true",
                         help="also measure the two bare relays that set the floor under kvgate's stack "
                         "(loadtests/floor_relay.py: uvicorn with kvgate's upstream client; callbacks only)")
+    parser.add_argument("--compare-tree", type=Path,
+                        help="also measure `kvgate serve` from this source tree (its gateway/ package, e.g. "
+                        "`git archive <commit> gateway | tar -x -C DIR`) with the same policies and settings, as "
+                        f"target {COMPARED}: a change measured before and after inside one run")
+    parser.add_argument("--compare-env", type=env_setting, action="append", default=[], metavar="NAME=VALUE",
+                        help=f"also measure a second `kvgate serve` ({COMPARED}; from --compare-tree, else from "
+                        "this tree) with this setting added to its environment (repeatable), e.g. "
+                        "KVGATE_REUSE_TRACE=false: what one feature costs, inside one run")
     parser.add_argument("--noisy-retries", type=int, default=2,
                         help="run a phase again, at most this often, while another workload shares the cores")
     parser.add_argument("--quiet-wait", type=float, default=30.0,
@@ -199,10 +210,19 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         upstream_cores=args.upstream_cores or frozenset({args.bench_core}),
         client_cores=args.client_cores or frozenset({args.bench_core}), nginx=args.nginx, router=args.router,
         router_binary=args.router_binary, granian=args.granian, floors=args.floors,
+        compare_tree=args.compare_tree.resolve() if args.compare_tree else None,
+        compare_env=tuple(args.compare_env),
         noisy_retries=args.noisy_retries, quiet_wait_s=args.quiet_wait, log_level=args.log_level,
         profile_out=args.profile_out, profile_concurrency=args.profile_concurrency,
         profile_native=args.profile_native, profile_target=args.profile_target, shadow_sample=args.shadow_sample,
     )
+
+
+def env_setting(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
 
 
 def core_set(text: str) -> frozenset[int]:
@@ -291,6 +311,16 @@ def gateway_env(config: Config, work: Path, name: str) -> dict[str, str]:
             "KVGATE_STATE_PATH": str(work / f"{name}-state.sqlite3"), "KVGATE_POLICIES": str(work / "policies")}
 
 
+def start_compared(config: Config, work: Path) -> AbstractContextManager[ServerProcess]:
+    """A second `kvgate serve` on the gateway's policies: imported from `--compare-tree` (python -P: not from the
+    working directory) or from this tree, with `--compare-env` added to its environment."""
+    port = free_port()
+    argv = [sys.executable, "-P", "-m", "gateway", "serve", "--policies", str(work / "policies"), "--port", str(port)]
+    tree = config.compare_tree or REPO_ROOT
+    env = {**gateway_env(config, work, COMPARED), "PYTHONPATH": str(tree), **dict(config.compare_env)}
+    return run_server(argv, port, work / f"{COMPARED}.log", env=env)
+
+
 def start_granian(config: Config, work: Path) -> AbstractContextManager[ServerProcess]:
     """The same app, policies and settings as the uvicorn gateway (its policy folder), served by granian."""
     port = free_port()
@@ -319,6 +349,8 @@ def servers(config: Config, work: Path) -> Iterator[tuple[ServerProcess, dict[st
         if config.floors:
             for name, kind in FLOOR_KINDS.items():
                 proxies[name] = stack.enter_context(start_floor(kind, work, upstream.url))
+        if config.compare_tree is not None or config.compare_env:
+            proxies[COMPARED] = stack.enter_context(start_compared(config, work))
         if config.granian and granian_candidate.available():
             proxies[GRANIAN] = stack.enter_context(start_granian(config, work))
         elif config.granian:
@@ -438,7 +470,7 @@ async def profile_phase(config: Config, profiled: Target, processes: Processes, 
 
 def progress_line(measured: Measurement) -> str:
     stats = measured.stats
-    return (f"  round {measured.round} c={measured.concurrency:<4} {measured.target:<14} "
+    return (f"  round {measured.round} c={measured.concurrency:<4} {measured.target:<16} "
             f"{stats.requests_per_s:8.1f} req/s  TTFT p50 {stats.ttft_p50_ms:7.2f} ms  p99 {stats.ttft_p99_ms:7.2f} ms"
             f"  errors {stats.errors}  proxy CPU {measured.proxy_core_busy:5.1%}"
             f"  foreign load {measured.foreign_load:4.0%}")
@@ -500,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     outcome = run(config)
     measured = {m.target for m in outcome.measurements}
-    names = [name for name in (DIRECT, GATEWAY, GRANIAN, *FLOOR_KINDS, NGINX, ROUTER) if name in measured]
+    names = [name for name in (DIRECT, GATEWAY, COMPARED, GRANIAN, *FLOOR_KINDS, NGINX, ROUTER) if name in measured]
     summaries = [summarize(outcome.measurements, concurrency, names) for concurrency in config.concurrency]
     result = report(config, outcome, summaries)
     print_report(result, summaries, print)

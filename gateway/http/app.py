@@ -85,7 +85,7 @@ class GatewayApp:
         try:
             capped = scope["path"] not in UNCAPPED_PATHS
             async with state.limits.global_slot() if capped else nullcontext():
-                await self._serve(state, ex, scope, receive, tracked.send)
+                await self._serve(state, ex, scope, receive, tracked)
         except GatewayError as error:
             await self._refuse(state, ex, error, tracked)
         except ClientDisconnected:
@@ -124,7 +124,9 @@ class GatewayApp:
         except Exception:  # the client is gone; the log line still says what happened
             ex.status = 499
 
-    async def _serve(self, state: State, ex: Exchange, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _serve(
+        self, state: State, ex: Exchange, scope: Scope, receive: Receive, tracked: ResponseTracker
+    ) -> None:
         policies = state.holder.current
         ex.policy_version = policies.version
         raw_path = scope.get("raw_path") or scope["path"].encode()
@@ -136,7 +138,7 @@ class GatewayApp:
         if grant is not None:
             authorize(grant, route)
             ex.tenant = grant.tenant
-        inbound = Inbound(scope, receive, send)
+        inbound = Inbound(scope, receive, tracked.send, tracked.server_send)
         if route.kind in FORWARDED_KINDS and grant is not None:
             await self._forward(state, ex, Admitted(policies, policies.tenants[grant.tenant], route), inbound)
         else:
@@ -160,6 +162,7 @@ class ResponseTracker:
 
     def __init__(self, send: Send) -> None:
         self._send = send
+        self.server_send = send  # for body messages after the start (Inbound.server_send)
         self.started = False
 
     async def send(self, message: Message) -> None:

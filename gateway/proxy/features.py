@@ -37,6 +37,9 @@ class Inbound:
     scope: Scope
     receive: Receive
     send: Send
+    # The server's own send, past the app's response tracker: for body messages once the response has started
+    # through `send` (the tracker only needs the start), on the relay's per-event path.
+    server_send: Send
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The request path for forwarded routes: body → rewrite → pool → upstream → relay to the client.
 
-Streams are relayed chunk by chunk as they arrive; the only per-chunk work is a byte scan for the
-first generated content (TTFT) and for the usage event. A client that goes away cancels the relay,
-which closes the upstream connection, so upstream stops generating.
+Streams are relayed chunk by chunk as they arrive, from the upstream connection's read callback (ClientSink):
+the only per-chunk work is a byte scan for the first generated content (TTFT) and for the usage event, and the
+server's `send`, which the request task finishes only when it has to wait for a slow client. A client that goes
+away cancels the relay, which closes the upstream connection, so upstream stops generating.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import msgspec
 from prometheus_client import Counter
 
 from gateway.asgi.disconnect import DisconnectGuard
+from gateway.asgi.inline import Step, run_until_blocked
 from gateway.asgi.io import (
     JSON_TYPE,
     Receive,
     Scope,
+    Send,
     header,
     read_body,
     send_body,
@@ -319,38 +322,23 @@ class Proxy:
     async def _relay_stream(
         self, relaying: Relaying, prepared: RewrittenRequest, response: UpstreamResponse, preread: list[bytes]
     ) -> None:
-        ex, send = relaying.ex, relaying.client.send
-        await send(start_message(200, self._headers(ex, response, time.perf_counter())))
+        ex, client = relaying.ex, relaying.client
+        await client.send(start_message(200, self._headers(ex, response, time.perf_counter())))
         watch = StreamWatch(prepared.strip_usage)
+        sink = ClientSink(ex, watch, client.server_send)
         if self.client_stalls is not None:
             response.on_pause = self.client_stalls.labels(ex.tenant).inc
         try:
             for chunk in preread:  # held back by the miss path until the stream showed content
-                await self._pass_chunk(relaying, watch, chunk)
-            while chunk := await response.next_chunk():  # everything that arrived since the last wake-up
-                forward, first = watch.feed(chunk)
-                if first:
-                    ex.ttft_s = time.perf_counter() - ex.started
-                if forward:
-                    await send({"type": "http.response.body", "body": forward, "more_body": True})
-                if ex.capture is not None:
-                    ex.capture += chunk
+                if (rest := sink(chunk)) is not None:
+                    await rest
+            await response.pump(sink)  # every later read is passed on from the connection's read callback
             tail = watch.flush()
         except STREAM_FAILURES as error:
             ex.outcome = Outcome.UPSTREAM_FAILED_MID_STREAM
             tail = stream_error_event(relaying.call.route, f"Upstream stream failed: {type(error).__name__}.")
         ex.usage = watch.usage
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
-
-    async def _pass_chunk(self, relaying: Relaying, watch: StreamWatch, chunk: bytes) -> None:
-        ex = relaying.ex
-        forward, first = watch.feed(chunk)
-        if first:
-            ex.ttft_s = time.perf_counter() - ex.started
-        if forward:
-            await relaying.client.send({"type": "http.response.body", "body": forward, "more_body": True})
-        if ex.capture is not None:
-            ex.capture += chunk
+        await client.server_send({"type": "http.response.body", "body": tail, "more_body": False})
 
     async def _relay_assembled(self, relaying: Relaying, response: UpstreamResponse, preread: list[bytes]) -> None:
         ex = relaying.ex
@@ -375,6 +363,30 @@ class Proxy:
         ex.status = status
         headers = [(b"content-type", JSON_TYPE), *self._headers(ex, response, received)[1:]]
         await send_body(relaying.client.send, status, msgspec.json.encode(body), headers)
+
+
+class ClientSink:
+    """Passes a stream's upstream reads to the client as they arrive (a `Sink` of UpstreamConnection.pump): the
+    watch's scan, TTFT at the first content, the shadow's capture, and the server's `send`, run in the read
+    callback until it would wait (gateway/asgi/inline.py)."""
+
+    __slots__ = ("ex", "send", "watch")
+
+    def __init__(self, ex: Exchange, watch: StreamWatch, send: Send) -> None:
+        self.ex = ex
+        self.watch = watch
+        self.send = send
+
+    def __call__(self, chunk: bytes) -> Step | None:
+        ex = self.ex
+        forward, first = self.watch.feed(chunk)
+        if first:
+            ex.ttft_s = time.perf_counter() - ex.started
+        if ex.capture is not None:
+            ex.capture += chunk
+        if not forward:
+            return None
+        return run_until_blocked(self.send({"type": "http.response.body", "body": forward, "more_body": True}))
 
 
 def content_encoding(response: UpstreamResponse) -> str:

@@ -2,11 +2,12 @@
 maps errors.
 
 The client is an `asyncio.Protocol` driven by httptools (the parser uvicorn uses): each socket read is one parser
-call and a list append, and the relay's coroutine wakes once per read with everything that arrived since its last
-wake-up, instead of a general client's per-chunk stream machinery (aiohttp spent about 15 Python calls per SSE
-event). `pump` instead hands each read to a callback as it arrives (the shadow collects and times its answers
-that way, gateway/shadow/client.py). The shadow has its own instance, so primaries never wait for its slots.
-Measured figures: docs/proxy-costs.md.
+call, instead of a general client's per-chunk stream machinery (aiohttp spent about 15 Python calls per SSE
+event). `pump` hands each read to a callback as it arrives: the relay passes streams on to its client from there
+(gateway/proxy/forward.py, ClientSink) and the shadow collects and times its answers that way
+(gateway/shadow/client.py), so neither task wakes per read. `next_chunk` instead wakes the caller with
+everything that arrived since its last wake-up (whole answers, the miss path's peek). The shadow has its own
+instance, so primaries never wait for its slots. Measured figures: docs/proxy-costs.md.
 
 Bounded: at most `connections` requests in flight upstream at once (further ones wait for a slot); a response
 body buffered faster than the client takes it pauses reading from upstream at `PAUSE_AT_BYTES`.
@@ -17,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -117,7 +118,10 @@ def encode_head(method: str, origin: Origin, target: str, headers: dict[str, str
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-Sink = Callable[[bytes], None]  # takes body bytes as they arrive, from the read callback
+# Takes body bytes as they arrive, from the read callback. It returns None once it is done with them, or, when it
+# had to stop part-way (the relay's client is not taking bytes as fast), a coroutine that finishes the job: the
+# pump's task awaits it, and what arrives meanwhile is buffered (and pauses reading at PAUSE_AT_BYTES).
+Sink = Callable[[bytes], Coroutine[Any, Any, None] | None]
 
 
 # -- one connection -------------------------------------------------------------------------------------
@@ -150,6 +154,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._last_read = self._wait_since = self.loop.time()
         self._sink: Sink | None = None  # set while `pump` hands the body on from the read callback
         self._sink_error: Exception | None = None
+        self._sink_rest: Coroutine[Any, Any, None] | None = None  # what a sink left for `pump` to finish
         self.on_pause: Callable[[], None] | None = None  # told each time reading pauses for the relay to catch up
 
     # -- asyncio.Protocol -----------------------------------------------------------------------------
@@ -210,9 +215,13 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _pass_on(self, sink: Sink, body: bytes) -> None:
         try:
-            sink(body)
+            rest = sink(body)
         except Exception as error:  # raised by `pump`, not into httptools (which would call it malformed HTTP)
             self._sink, self._sink_error = None, error  # what still arrives is buffered until the caller closes
+            self._wake()
+            return
+        if rest is not None:  # the sink waits: buffer what follows until `pump` has finished `rest`
+            self._sink, self._sink_rest = None, rest
             self._wake()
 
     # -- the relay's side -----------------------------------------------------------------------------
@@ -257,22 +266,32 @@ class UpstreamConnection(asyncio.Protocol):
 
     async def pump(self, sink: Sink) -> None:
         """Hand every body byte to `sink` inside the read callback, as it arrives, until the body is complete: the
-        caller's task sleeps meanwhile instead of waking once per read. An error `sink` raises is raised here."""
-        if self._body:  # what arrived before the pump started
-            self._pass_on(sink, self.take())
-        if self._sink_error is None:
-            self._sink = sink
+        caller's task sleeps meanwhile instead of waking once per read. When the sink returns a coroutine (it
+        must wait), the task awaits it, then passes on what was buffered meanwhile. An error `sink` raises is
+        raised here."""
         try:
             while True:
+                if self._sink_rest is not None:
+                    rest, self._sink_rest = self._sink_rest, None
+                    await rest
+                    continue
                 if self._sink_error is not None:
                     raise self._sink_error
+                if self._body:  # what arrived before the pump started, or while the sink waited
+                    self._pass_on(sink, self.take())
+                    continue
                 if self.error is not None:
                     raise self.error
                 if self.complete:
                     return
+                self._sink = sink
                 await self._wait()
+                self._sink = None
         finally:
             self._sink = None
+            if self._sink_rest is not None:  # cancelled before it was awaited: close it, never leave it pending
+                self._sink_rest.close()
+                self._sink_rest = None
 
     def _pause(self) -> None:
         if self.transport is None:
@@ -370,6 +389,11 @@ class UpstreamResponse:
         """Called each time the connection stops reading because the body waits for its reader (a slow client)."""
         if self._connection is not None:
             self._connection.on_pause = callback
+
+    @property
+    def arrived(self) -> bool:
+        """Whether the whole body has arrived from the upstream (read by the caller or not)."""
+        return self._connection is not None and self._connection.complete
 
     @property
     def reading_paused(self) -> bool:

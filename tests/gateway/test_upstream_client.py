@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 
@@ -204,6 +206,54 @@ def test_pump_hands_each_read_to_the_sink_as_it_arrives_and_the_connection_is_re
         assert server.connections == 1  # the second request reused the connection
 
     asyncio.run(serve(stream_in_pieces, calls))
+
+
+def test_a_sink_that_must_wait_gets_what_arrived_meanwhile_after_its_wait_in_order() -> None:
+    """The relay's sink returns the rest of a `send` that waits for a slow client: the pump awaits it, and the
+    reads that arrive meanwhile (here in the same packet, so in the same read callback) are buffered, then passed
+    on in order; none reaches the sink while it still waits."""
+
+    pumping = asyncio.Event()
+
+    async def stream_at_once(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await pumping.wait()  # the body reaches the sink from the read callback, not from what was buffered
+        writer.write(b"9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n9\r\ndata: 3\n\n\r\n0\r\n\r\n")
+        await writer.drain()
+
+    async def start_body() -> None:
+        await asyncio.sleep(0)  # one turn of the loop: the pump is waiting by now
+        pumping.set()
+
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = new_client()
+        response = await client.open("POST", base(url), PATH, JSON, b"{}")
+        taken: list[bytes] = []
+        waiting = False
+
+        async def finish_first() -> None:
+            nonlocal waiting
+            while not response.arrived:  # the rest is read (and buffered) while the sink still waits
+                await asyncio.sleep(0)
+            await asyncio.sleep(0)  # and it waits one more turn of the loop
+            waiting = False
+
+        def sink(chunk: bytes) -> Coroutine[Any, Any, None] | None:
+            nonlocal waiting
+            assert not waiting, "a read was passed on while the sink still waited"
+            taken.append(chunk)
+            if len(taken) == 1:
+                waiting = True
+                return finish_first()
+            return None
+
+        await asyncio.gather(response.pump(sink), start_body())
+        assert taken[0] == b"data: 1\n\n" and b"".join(taken) == b"data: 1\n\ndata: 2\n\ndata: 3\n\n"
+        response.release()
+        client.close()
+
+    asyncio.run(serve(stream_at_once, calls))
 
 
 def test_pump_raises_the_sinks_own_error_and_a_cut_stream_as_a_transport_error() -> None:

@@ -102,7 +102,11 @@ class Features:
 
     def __init__(self, features: list[RequestFeature]) -> None:
         self.all = tuple(features)
+        # Per hook, only the features that override it, in list order: a request does not call the no-ops.
         self.preparing = tuple(f for f in features if type(f).prepare is not RequestFeature.prepare)
+        self.starting = tuple(f for f in features if type(f).start is not RequestFeature.start)
+        self.sending = tuple(f for f in features if type(f).sent is not RequestFeature.sent)
+        self.finishing = tuple(f for f in features if type(f).finished is not RequestFeature.finished)
 
     async def prepare(self, call: Call, request: dict[str, Any]) -> list[Finish]:
         finishes: list[Finish] = []
@@ -113,11 +117,11 @@ class Features:
         return finishes
 
     def start(self, call: Call, request: dict[str, Any]) -> list[Finish]:
-        return [finish for feature in self.all if (finish := feature.start(call, request)) is not None]
+        return [finish for feature in self.starting if (finish := feature.start(call, request)) is not None]
 
     def sent(self, call: Call, outbound: Outbound, ex: Exchange) -> list[Finish]:
-        return [finish for feature in self.all if (finish := feature.sent(call, outbound, ex)) is not None]
+        return [finish for feature in self.sending if (finish := feature.sent(call, outbound, ex)) is not None]
 
     def finished(self, ex: Exchange) -> None:
-        for feature in self.all:
+        for feature in self.finishing:
             feature.finished(ex)

@@ -12,6 +12,7 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import msgspec
 from prometheus_client import Counter
@@ -326,8 +327,8 @@ class Proxy:
         await client.send(start_message(200, self._headers(ex, response, time.perf_counter())))
         watch = StreamWatch(prepared.strip_usage)
         sink = ClientSink(ex, watch, client.server_send)
-        if self.client_stalls is not None:
-            response.on_pause = self.client_stalls.labels(ex.tenant).inc
+        if self.client_stalls is not None:  # the labelled child is looked up only when a stream stalls
+            response.on_pause = partial(count_stall, self.client_stalls, ex.tenant)
         try:
             for chunk in preread:  # held back by the miss path until the stream showed content
                 if (rest := sink(chunk)) is not None:
@@ -387,6 +388,10 @@ class ClientSink:
         if not forward:
             return None
         return run_until_blocked(self.send({"type": "http.response.body", "body": forward, "more_body": True}))
+
+
+def count_stall(stalls: Counter, tenant: str) -> None:
+    stalls.labels(tenant).inc()
 
 
 def content_encoding(response: UpstreamResponse) -> str:

@@ -267,6 +267,9 @@ class StreamWatch:
 
     def feed(self, chunk: bytes) -> tuple[bytes, bool]:
         """(bytes to forward, whether this chunk completed the first event with generated content)."""
+        if (self.content_seen and not self._tail and not self._skip_lf and chunk.endswith(EVENT_END)
+                and USAGE_WORD not in chunk and BACKSLASH not in chunk and CR not in chunk):
+            return chunk, False  # whole LF-only events after the first content, none of which can name usage
         data = chunk
         if self._skip_lf:  # the last chunk ended in CR: an LF first here is the rest of that CRLF
             self._skip_lf = False

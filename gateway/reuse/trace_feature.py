@@ -44,7 +44,7 @@ class ReuseTraceFeature(RequestFeature):
             self._failed(call, error)  # is counted and must not touch the request's outcome
 
     def _failed(self, call: Call, error: Exception) -> None:
-        self.trace.metrics.requests.labels(call.tenant.tenant, "error").inc()
+        self.trace.metrics.count(call.tenant.tenant, "error")
         log.warning("reuse_trace_failed", request_id=call.request_id, error=type(error).__name__)
 
 

@@ -106,3 +106,18 @@ def test_usage_from_json_refuses_what_is_not_an_object() -> None:
 def test_stream_usage(stream: bytes, prompt_tokens: int | None) -> None:
     usage = stream_usage(stream)
     assert (usage.prompt_tokens if usage else None) == prompt_tokens
+
+
+def test_after_the_first_content_a_whole_event_is_still_read_when_it_may_name_usage() -> None:
+    """The steady-state shortcut passes whole events on unread; a usage key spelled with escapes, or a CRLF
+    stream, must still take the reading path (usage counted, and cut when the gateway asked for it)."""
+    escaped = USAGE_CHUNK.replace(b'"usage"', b'"\\u0075sage"')
+    watch = StreamWatch(strip_usage=True)
+    assert watch.feed(TEXT_CHUNK) == (TEXT_CHUNK, True)
+    assert watch.feed(TEXT_CHUNK) == (TEXT_CHUNK, False)
+    assert watch.feed(escaped) == (b"", False)
+    assert watch.usage == Usage(prompt_tokens=7, cached_tokens=3, completion_tokens=2)
+    crlf = StreamWatch(strip_usage=True)
+    assert crlf.feed(TEXT_CHUNK)[1] is True
+    mixed = TEXT_CHUNK.replace(b"\n", b"\r\n") + TEXT_CHUNK  # a CRLF event, then an LF one: ends in LF LF
+    assert crlf.feed(mixed) == (TEXT_CHUNK + TEXT_CHUNK, False)  # forwarded with LF line ends

@@ -317,7 +317,8 @@ def start_compared(config: Config, work: Path) -> AbstractContextManager[ServerP
     port = free_port()
     argv = [sys.executable, "-P", "-m", "gateway", "serve", "--policies", str(work / "policies"), "--port", str(port)]
     tree = config.compare_tree or REPO_ROOT
-    env = {**gateway_env(config, work, COMPARED), "PYTHONPATH": str(tree), **dict(config.compare_env)}
+    paths = [str(tree), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]  # the tree first
+    env = {**gateway_env(config, work, COMPARED), "PYTHONPATH": os.pathsep.join(paths), **dict(config.compare_env)}
     return run_server(argv, port, work / f"{COMPARED}.log", env=env)
 
 

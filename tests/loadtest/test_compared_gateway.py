@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.proxy_overhead import COMPARED, GATEWAY, expected_events, make_targets, parse_args, sanity_check, servers
+from loadtests.overhead_report import GATEWAY
+from loadtests.proxy_overhead import COMPARED, expected_events, make_targets, parse_args, sanity_check, servers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MARK = "compared-tree-marker"

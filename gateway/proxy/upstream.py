@@ -172,6 +172,10 @@ class UpstreamConnection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserError as error:
             self._fail(UpstreamTransportError(f"malformed HTTP from upstream: {error}"))
+        if self._sink is not None and self._body:
+            # One hand-off per read, not per HTTP chunk in it: under load a read holds many events (one chunk
+            # each), and passing them on one by one cost the relay a client write per event.
+            self._pass_on(self._sink, self.take())
 
     def eof_received(self) -> bool | None:
         if self.headers_done and not self.complete and self._delimited_by_close():
@@ -201,10 +205,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
-        if self._sink is not None:
-            self._pass_on(self._sink, body)
-            return
         self._body.append(body)
+        if self._sink is not None:
+            return  # passed on with the rest of this read, at the end of data_received
         self._buffered += len(body)
         if self._buffered > PAUSE_AT_BYTES and not self._paused:
             self._pause()

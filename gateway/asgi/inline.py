@@ -4,9 +4,8 @@ The relay sends each upstream read to the client from the upstream connection's 
 (`UpstreamConnection.pump`): the server's `send` almost never waits (it writes to the client's transport and
 returns), so stepping its coroutine in place spares the request task a wake-up per streamed read (with it, the
 relay used 9-14 % less CPU per streamed request at c=32 on the 16-core host: docs/proxy-costs.md). When `send`
-does wait (the client's transport is over its
-high-water mark), what is left of it is returned as a coroutine for the request task to await, exactly as an
-`await send(...)` would have continued.
+does wait (the client's transport is over its high-water mark), what is left of it is returned as a coroutine for
+the request task to await, exactly as an `await send(...)` would have continued.
 """
 
 from __future__ import annotations

@@ -210,7 +210,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         upstream_cores=args.upstream_cores or frozenset({args.bench_core}),
         client_cores=args.client_cores or frozenset({args.bench_core}), nginx=args.nginx, router=args.router,
         router_binary=args.router_binary, granian=args.granian, floors=args.floors,
-        compare_tree=args.compare_tree.resolve() if args.compare_tree else None,
+        compare_tree=args.compare_tree,
         compare_env=tuple(args.compare_env),
         noisy_retries=args.noisy_retries, quiet_wait_s=args.quiet_wait, log_level=args.log_level,
         profile_out=args.profile_out, profile_concurrency=args.profile_concurrency,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import msgspec
 from prometheus_client import Counter
@@ -60,6 +60,7 @@ FORWARDABLE_QUERY = re.compile(rb"[A-Za-z0-9._~%!$&'()*+,;=:@/?-]{0,2048}")
 IDENTITY = "identity"
 DEFAULT_JSON_LIMITS = JsonLimits(max_depth=64, max_items=262_144)
 DEFAULT_BODY_TIMEOUT_S = 60.0
+MAX_STALL_COUNTERS = 4096
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,9 @@ class Proxy:
         self.json_limits = options.json_limits
         self.body_timeout_s = options.body_timeout_s
         self.client_stalls = options.client_stalls
+        # tenant → its stall counter's `inc`, made at the tenant's first stream (the series then exists at 0 for
+        # dashboards) instead of a `labels()` lookup per stream; cleared when full, so bounded.
+        self._stall_counters: dict[str, Callable[[], None]] = {}
 
     async def forward(self, ex: Exchange, admitted: Admitted, inbound: Inbound) -> None:
         finishes: list[Finish] = []
@@ -171,6 +175,14 @@ class Proxy:
             response.close()
             raise
         response.release()
+
+    def _stall_counter(self, stalls: Counter, tenant: str) -> Callable[[], None]:
+        found = self._stall_counters.get(tenant)
+        if found is None:
+            if len(self._stall_counters) >= MAX_STALL_COUNTERS:
+                self._stall_counters.clear()
+            found = self._stall_counters[tenant] = stalls.labels(tenant).inc
+        return found
 
     # -- the miss path (gateway/proxy/misspath.py) ------------------------------------------------
 
@@ -327,8 +339,8 @@ class Proxy:
         await client.send(start_message(200, self._headers(ex, response, time.perf_counter())))
         watch = StreamWatch(prepared.strip_usage)
         sink = ClientSink(ex, watch, client.server_send)
-        if self.client_stalls is not None:  # the labelled child is looked up only when a stream stalls
-            response.on_pause = partial(count_stall, self.client_stalls, ex.tenant)
+        if self.client_stalls is not None:
+            response.on_pause = self._stall_counter(self.client_stalls, ex.tenant)
         try:
             for chunk in preread:  # held back by the miss path until the stream showed content
                 if (rest := sink(chunk)) is not None:
@@ -388,10 +400,6 @@ class ClientSink:
         if not forward:
             return None
         return run_until_blocked(self.send({"type": "http.response.body", "body": forward, "more_body": True}))
-
-
-def count_stall(stalls: Counter, tenant: str) -> None:
-    stalls.labels(tenant).inc()
 
 
 def content_encoding(response: UpstreamResponse) -> str:

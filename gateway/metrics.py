@@ -14,9 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
+
+MetricT = TypeVar("MetricT", bound=MetricWrapperBase)
+MAX_CACHED_CHILDREN = 4096
 
 # vLLM's own TTFT buckets, so gateway and engine histograms line up.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -27,6 +32,25 @@ OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01
 _DELTA_STEPS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 DELTA_BUCKETS = tuple(sorted({-step for step in _DELTA_STEPS} | {0.0} | set(_DELTA_STEPS)))
 LIFETIME_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0, 604800.0)
+
+
+class ChildCache(Generic[MetricT]):
+    """A labelled metric's children, looked up with `labels()` once per label values instead of per request
+    (`labels()` validates and locks on every call). Children are never removed from the metric, so a cached one is
+    always the one `labels()` would return; the cache is cleared when full, so it stays bounded."""
+
+    def __init__(self, metric: MetricT, max_size: int = MAX_CACHED_CHILDREN) -> None:
+        self.metric = metric
+        self.max_size = max_size
+        self._children: dict[tuple[str, ...], MetricT] = {}
+
+    def get(self, *labels: str) -> MetricT:
+        found = self._children.get(labels)
+        if found is None:
+            if len(self._children) >= self.max_size:
+                self._children.clear()
+            found = self._children[labels] = self.metric.labels(*labels)
+        return found
 
 
 class GatewayMetrics:

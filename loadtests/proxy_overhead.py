@@ -284,7 +284,12 @@ def expected_events(config: Config) -> int:
 
 def importable_here() -> dict[str, str]:
     """Environment for a child that imports `loadtests` whatever its working directory."""
-    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return importable_from(REPO_ROOT)
+
+
+def importable_from(tree: Path) -> dict[str, str]:
+    """Environment for a child that imports from `tree` first, then from this process's PYTHONPATH."""
+    paths = [str(tree), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {"PYTHONPATH": os.pathsep.join(paths)}
 
 
@@ -316,9 +321,8 @@ def start_compared(config: Config, work: Path) -> AbstractContextManager[ServerP
     working directory) or from this tree, with `--compare-env` added to its environment."""
     port = free_port()
     argv = [sys.executable, "-P", "-m", "gateway", "serve", "--policies", str(work / "policies"), "--port", str(port)]
-    tree = config.compare_tree or REPO_ROOT
-    paths = [str(tree), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]  # the tree first
-    env = {**gateway_env(config, work, COMPARED), "PYTHONPATH": os.pathsep.join(paths), **dict(config.compare_env)}
+    env = {**gateway_env(config, work, COMPARED), **importable_from(config.compare_tree or REPO_ROOT),
+           **dict(config.compare_env)}
     return run_server(argv, port, work / f"{COMPARED}.log", env=env)
 
 

@@ -161,14 +161,13 @@ class ResponseTracker:
     """Wraps `send` to remember whether the response has started (after that, no error status can be sent)."""
 
     def __init__(self, send: Send) -> None:
-        self._send = send
-        self.server_send = send  # for body messages after the start (Inbound.server_send)
+        self.server_send = send  # the server's own; also for body messages after the start (Inbound.server_send)
         self.started = False
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.started = True
-        await self._send(message)
+        await self.server_send(message)
 
 
 def find_route(raw_path: bytes, method: str) -> RouteSpec:

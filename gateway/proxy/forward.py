@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -31,6 +30,7 @@ from gateway.asgi.io import (
 )
 from gateway.connectors.lmcache_tags import body_for_pool
 from gateway.errors import BadRequest, GatewayError, RequestTimeout, UnsupportedMediaType, openai_error_body
+from gateway.metrics import ChildCache
 from gateway.outcomes import Outcome
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import TenantPolicy
@@ -60,7 +60,6 @@ FORWARDABLE_QUERY = re.compile(rb"[A-Za-z0-9._~%!$&'()*+,;=:@/?-]{0,2048}")
 IDENTITY = "identity"
 DEFAULT_JSON_LIMITS = JsonLimits(max_depth=64, max_items=262_144)
 DEFAULT_BODY_TIMEOUT_S = 60.0
-MAX_STALL_COUNTERS = 4096
 
 
 @dataclass(frozen=True)
@@ -89,10 +88,8 @@ class Proxy:
         self.miss_path = miss_path
         self.json_limits = options.json_limits
         self.body_timeout_s = options.body_timeout_s
-        self.client_stalls = options.client_stalls
-        # tenant → its stall counter's `inc`, made at the tenant's first stream (the series then exists at 0 for
-        # dashboards) instead of a `labels()` lookup per stream; cleared when full, so bounded.
-        self._stall_counters: dict[str, Callable[[], None]] = {}
+        # By tenant, made at its first stream (the series then exists at 0 for dashboards).
+        self.client_stalls = ChildCache(options.client_stalls) if options.client_stalls is not None else None
 
     async def forward(self, ex: Exchange, admitted: Admitted, inbound: Inbound) -> None:
         finishes: list[Finish] = []
@@ -175,14 +172,6 @@ class Proxy:
             response.close()
             raise
         response.release()
-
-    def _stall_counter(self, stalls: Counter, tenant: str) -> Callable[[], None]:
-        found = self._stall_counters.get(tenant)
-        if found is None:
-            if len(self._stall_counters) >= MAX_STALL_COUNTERS:
-                self._stall_counters.clear()
-            found = self._stall_counters[tenant] = stalls.labels(tenant).inc
-        return found
 
     # -- the miss path (gateway/proxy/misspath.py) ------------------------------------------------
 
@@ -340,7 +329,7 @@ class Proxy:
         watch = StreamWatch(prepared.strip_usage)
         sink = ClientSink(ex, watch, client.server_send)
         if self.client_stalls is not None:
-            response.on_pause = self._stall_counter(self.client_stalls, ex.tenant)
+            response.on_pause = self.client_stalls.get(ex.tenant).inc
         try:
             for chunk in preread:  # held back by the miss path until the stream showed content
                 if (rest := sink(chunk)) is not None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Histogram
 
 from gateway.log import get_logger
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import ChildCache, GatewayMetrics
 from gateway.outcomes import Outcome
 from gateway.proxy.sse import Usage
 
@@ -69,23 +69,15 @@ class RequestRecorder:
         self.metrics = metrics
         self.max_series = max_series
         self._series: dict[tuple[str, str, str, int], RequestSeries] = {}
-        self._overhead: dict[str, Histogram] = {}  # by route
+        self._overhead = ChildCache(metrics.overhead, max_series)  # by route
 
     def record(self, exchange: Exchange) -> None:
         if exchange.tenant:
             series = self.series(exchange.tenant, exchange.pool, exchange.route, exchange.status)
             _record_tenant_metrics(self.metrics, series, exchange)
         if exchange.pool != NO_POOL:
-            self.overhead(exchange.route).observe(exchange.overhead_s)
+            self._overhead.get(exchange.route).observe(exchange.overhead_s)
         _log_line(exchange)
-
-    def overhead(self, route: str) -> Histogram:
-        found = self._overhead.get(route)
-        if found is None:
-            if len(self._overhead) >= self.max_series:
-                self._overhead.clear()
-            found = self._overhead[route] = self.metrics.overhead.labels(route)
-        return found
 
     def series(self, tenant: str, pool: str, route: str, status: int) -> RequestSeries:
         key = (tenant, pool, route, status)

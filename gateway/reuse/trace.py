@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.log import get_logger
+from gateway.metrics import ChildCache
 from gateway.policy.loader import PolicySet
 from gateway.proxy.sse import Usage
 from gateway.reuse.fingerprint import PromptParts, fingerprints, tenant_trace_key
@@ -39,7 +40,6 @@ from gateway.reuse.store import TraceStore
 log = get_logger(__name__)
 OUTCOMES = ("sampled", "unsampled", "no_prompt", "no_usage", "short_prompt", "dropped_queue_full", "erased_epoch",
             "error")
-MAX_CHILDREN = 4096  # cached (tenant, outcome) counter children
 IDLE_FLUSH_S = 5.0  # without traffic, retention is still applied this often
 RETRY_S = 1.0
 JOBS_PER_SLICE = 8  # chains hashed between two yields to the event loop
@@ -108,17 +108,10 @@ class TraceMetrics:
                                       "is kept and retried).", registry=registry)
         self.given_up = Counter("kvgate_reuse_trace_records_given_up", "Records dropped because the store stayed "
                                 "unreachable beyond the pending bound.", registry=registry)
-        # (tenant, outcome) → its child: `labels()` validates and locks on every call; tenants come from the
-        # policy set and outcomes from OUTCOMES, and the cache is cleared when full, so it stays bounded.
-        self._children: dict[tuple[str, str], Counter] = {}
+        self._requests = ChildCache(self.requests)
 
     def count(self, tenant: str, outcome: str) -> None:
-        child = self._children.get((tenant, outcome))
-        if child is None:
-            if len(self._children) >= MAX_CHILDREN:
-                self._children.clear()
-            child = self._children[(tenant, outcome)] = self.requests.labels(tenant, outcome)
-        child.inc()
+        self._requests.get(tenant, outcome).inc()
 
 
 class ReuseTrace:

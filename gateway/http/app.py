@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from gateway.log import get_logger, stack_frames
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import Outcome
 from gateway.policy.loader import PolicySet
-from gateway.proxy.features import Admitted, Inbound
+from gateway.policy.reloader import PolicyHolder
+from gateway.proxy.features import Admitted, Inbound, Readmit
 from gateway.proxy.otel_metrics import OtelGenAIMetrics
 from gateway.proxy.record import Exchange, RequestRecorder
 from gateway.routes import FORWARDED_KINDS, ROUTES, RouteSpec
@@ -140,7 +142,8 @@ class GatewayApp:
             ex.tenant = grant.tenant
         inbound = Inbound(scope, receive, tracked.send, tracked.server_send)
         if route.kind in FORWARDED_KINDS and grant is not None:
-            await self._forward(state, ex, Admitted(policies, policies.tenants[grant.tenant], route), inbound)
+            readmit = readmission(state.holder, scope["headers"], ex)
+            await self._forward(state, ex, Admitted(policies, policies.tenants[grant.tenant], route, readmit), inbound)
         else:
             await self._answer_locally(state, ex, policies, route, inbound)
 
@@ -155,6 +158,21 @@ class GatewayApp:
         if state.role is not None:  # which worker answered: for operators and the multi-worker tests
             headers = [*headers, state.role.header]
         await send_body(inbound.send, ex.status, body, [*headers, (b"x-request-id", ex.request_id.encode())])
+
+
+def readmission(holder: PolicyHolder, headers: Iterable[tuple[bytes, bytes]], ex: Exchange) -> Readmit:
+    """Admits a request again if another policy set came into force since it was admitted."""
+
+    def readmit(admitted: Admitted) -> Admitted:
+        policies = holder.current
+        if policies is admitted.policies:
+            return admitted
+        grant = authenticate(presented_key(headers), policies)
+        authorize(grant, admitted.route)
+        ex.policy_version, ex.tenant = policies.version, grant.tenant
+        return Admitted(policies, policies.tenants[grant.tenant], admitted.route, readmit)
+
+    return readmit
 
 
 class ResponseTracker:

@@ -26,7 +26,8 @@ class ReloadGate(Protocol):
 
 
 class PolicyHolder:
-    """The policy set in force. Readers take `current` once per request; swaps are atomic."""
+    """The policy set in force. Readers take `current` once per request (a forwarded request again once its body
+    has arrived, gateway.http.app.readmission); swaps are atomic."""
 
     def __init__(self, directory: Path, initial: PolicySet, metrics: GatewayMetrics,
                  environ: Mapping[str, str] | None = None) -> None:

@@ -49,6 +49,12 @@ class Admitted:
     policies: PolicySet
     tenant: TenantPolicy
     route: RouteSpec
+    # The same request admitted again under the set in force now; called once its body has arrived, so a set
+    # that came into force meanwhile (a raised salt epoch, a revoked key) governs what goes upstream.
+    readmit: Readmit | None = None
+
+
+Readmit = Callable[[Admitted], Admitted]
 
 
 @dataclass(frozen=True)

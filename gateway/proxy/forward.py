@@ -108,8 +108,13 @@ class Proxy:
     async def _outbound(
         self, ex: Exchange, admitted: Admitted, inbound: Inbound, finishes: list[Finish]
     ) -> tuple[Call, Outbound]:
-        policies, tenant, route, scope = admitted.policies, admitted.tenant, admitted.route, inbound.scope
-        body = await self._body(scope, inbound.receive, route, policies)
+        route, scope = admitted.route, inbound.scope
+        body = await self._body(scope, inbound.receive, route, admitted.policies)
+        if admitted.readmit is not None:
+            # A slow body may outlast a reload: the request goes upstream under the set in force when it arrived,
+            # never under an erased salt epoch or a key that was revoked meanwhile.
+            admitted = admitted.readmit(admitted)
+        policies, tenant = admitted.policies, admitted.tenant
         prepared = self._prepare(body, route, tenant, scope)
         if prepared is not None:
             body = b""  # the request replaces the client's bytes (a long prompt in it still points into them)

@@ -4,13 +4,17 @@
 - a policy set that lowers a tenant's salt epoch below the highest ever in force is refused — on reload, at
   start-up after a restart, by `kvgate policy check` and by another replica — with the floor in SQLite or in
   a real redis-server;
+- a request whose body arrives after a reload goes upstream under the set then in force: a `tenant forget` made
+  meanwhile gives it the new salt, a key revoked meanwhile refuses it;
 - `tenant forget` refuses a tenant without a salt; `policy check` warns about rules such a tenant cannot have
   audited, and the audit marks it "not auditable (no salt)".
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,6 +159,84 @@ def test_a_removed_tenant_cannot_come_back_below_its_floor(sim: ServerProcess, t
     policy.write()
     check = kvgate("policy", "check", str(policy.root), env={"KVGATE_STATE_PATH": env["KVGATE_STATE_PATH"]})
     assert check.returncode == 1 and "1 is below 5" in check.stderr
+
+
+# -- a slow body outlasting a reload ---------------------------------------------------------------------------
+
+
+class HalfSentRequest:
+    """A completion request whose body is sent in two parts over a raw connection, the second part later."""
+
+    def __init__(self, url: str, key: str) -> None:
+        body = json.dumps({"model": SIM_MODEL, "prompt": "straggler", "max_tokens": 2}).encode()
+        host, port = url.removeprefix("http://").split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+        self.sock.sendall(head.encode() + body[:10])
+        self.rest = body[10:]
+
+    def finish(self) -> tuple[int, dict[str, str]]:
+        self.sock.sendall(self.rest)
+        reply = b""
+        while chunk := self.sock.recv(65536):
+            reply += chunk
+        self.sock.close()
+        head = reply.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in head[1:])
+        return int(head[0].split()[1]), headers
+
+
+def admitted_and_waiting(stack: Stack) -> bool:
+    """True once the half-sent request holds acme's only slot (it was admitted and waits for its body)."""
+    body = {"model": SIM_MODEL, "prompt": "probe", "max_tokens": 2}
+    reply = httpx.post(f"{stack.url}/v1/completions", json=body, headers=bearer(stack.key("acme")), timeout=30)
+    return reply.status_code == 429
+
+
+def reload_now(stack: Stack) -> str:
+    """The version of the set in force after a reload (the periodic check may have installed it already)."""
+    reply = httpx.post(f"{stack.url}/admin/reload", headers=bearer(stack.key("root")), timeout=10)
+    version: str = reply.json()["policy_version"]
+    return version
+
+
+@pytest.fixture
+def one_slot_stack(sim: ServerProcess, tmp_path: Path) -> Iterator[Stack]:
+    policy = policy_dir(tmp_path / "policies", sim.url)
+    policy.tenants["acme"]["limits"] = {"max_in_flight": 1}
+    policy.write()
+    secret = new_secret()
+    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY, "KVGATE_STATE_PATH": str(tmp_path / "state.sqlite3")}
+    with run_gateway(policy.root, tmp_path / "gateway.log", secret, env) as gateway:
+        yield Stack(gateway=gateway, sim=sim, policy=policy, secret=secret)
+
+
+def test_a_body_that_arrives_after_tenant_forget_goes_upstream_with_the_new_salt(one_slot_stack: Stack) -> None:
+    stack = one_slot_stack
+    straggler = HalfSentRequest(stack.url, stack.key("acme"))
+    poll(lambda: admitted_and_waiting(stack), what="the half-sent request admitted under epoch 1")
+    admitted_under = reload_now(stack)
+    forget = kvgate("tenant", "forget", "acme", "--policies", str(stack.policy.root))
+    assert forget.returncode == 0, forget.stderr
+    assert reload_now(stack) != admitted_under
+    status, headers = straggler.finish()
+    assert status == 200
+    assert stack.sim_request(headers["x-request-id"])["cache_salt"] == expected_salt(stack.secret, "acme", 2)
+
+
+def test_a_body_that_arrives_after_its_key_was_revoked_is_refused(one_slot_stack: Stack) -> None:
+    stack = one_slot_stack
+    straggler = HalfSentRequest(stack.url, stack.key("acme"))
+    poll(lambda: admitted_and_waiting(stack), what="the half-sent request admitted")
+    admitted_under = reload_now(stack)
+    stack.policy.tenants["acme"]["keys"] = []
+    stack.policy.add_key("acme", ("inference",))
+    stack.policy.write_tenant("acme", stack.policy.tenants["acme"])
+    assert reload_now(stack) != admitted_under
+    status, headers = straggler.finish()
+    assert status == 401
+    assert not [entry for entry in stack.sim_requests() if entry.get("request_id") == headers["x-request-id"]]
 
 
 # -- tenants without a salt ---------------------------------------------------------------------------------

@@ -12,10 +12,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass
 from types import CoroutineType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+T = TypeVar("T")
 Step = Coroutine[Any, Any, None]
+
+
+@dataclass(frozen=True, slots=True)
+class Ready(Generic[T]):
+    """What a coroutine run in place returned without waiting."""
+
+    value: T
 
 
 def run_until_blocked(awaitable: Awaitable[None]) -> Step | None:
@@ -31,11 +40,21 @@ def run_until_blocked(awaitable: Awaitable[None]) -> Step | None:
     return _continue(awaitable, waiting_on)
 
 
+def run_for_result(coroutine: Coroutine[Any, Any, T]) -> Ready[T] | Coroutine[Any, Any, T]:
+    """Run `coroutine` here until it returns (its value, as `Ready`) or first waits (the rest of it, to be awaited
+    in a task, which returns the value). An exception it raises before waiting is raised here."""
+    try:
+        waiting_on = coroutine.send(None)
+    except StopIteration as done:
+        return Ready(done.value)
+    return _continue(coroutine, waiting_on)
+
+
 async def _await(awaitable: Awaitable[None]) -> None:
     await awaitable
 
 
-async def _continue(coroutine: Step, waiting_on: object) -> None:
+async def _continue(coroutine: Coroutine[Any, Any, T], waiting_on: object) -> T:
     """Drive `coroutine` from the awaiting task as asyncio's Task would: wait on what it yielded, then resume it;
     an exception the wait raises (a cancellation above all) is thrown in where it waits."""
     try:
@@ -50,8 +69,9 @@ async def _continue(coroutine: Step, waiting_on: object) -> None:
                 waiting_on = coroutine.throw(error)
             else:
                 waiting_on = coroutine.send(None)
-    except StopIteration:
-        return
+    except StopIteration as done:
+        result: T = done.value
+        return result
 
 
 async def _wait_on(waiting_on: asyncio.Future[object] | None) -> None:

@@ -7,7 +7,6 @@ gateway.http.local; the request path for forwarded routes in gateway.proxy.forwa
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterable
 from contextlib import nullcontext
 from pathlib import Path
@@ -19,6 +18,7 @@ from gateway.errors import Forbidden, GatewayError, InternalError, MethodNotAllo
 from gateway.http.auth import AuthFailure, authenticate, authorize, check_path, presented_key
 from gateway.http.local import answer_locally
 from gateway.http.process import on_sighup, settle_gc
+from gateway.http.request_ids import RequestIds
 from gateway.http.wiring import State, start, stop
 from gateway.http.workers import WorkerRole
 from gateway.log import get_logger, stack_frames
@@ -48,6 +48,7 @@ class GatewayApp:
         self.metrics = GatewayMetrics(registry or CollectorRegistry(), metrics_dir)
         self.genai = OtelGenAIMetrics(self.metrics.registry) if settings.otel_metrics else None
         self.recorder = RequestRecorder(self.metrics)
+        self.request_ids = RequestIds()
         self._state: State | None = None
 
     @property
@@ -82,7 +83,7 @@ class GatewayApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
-        ex = Exchange(request_id=uuid.uuid4().hex, route=UNMATCHED_ROUTE, started=time.perf_counter())
+        ex = Exchange(request_id=self.request_ids.next(), route=UNMATCHED_ROUTE, started=time.perf_counter())
         tracked = ResponseTracker(send)
         try:
             capped = scope["path"] not in UNCAPPED_PATHS

@@ -26,6 +26,7 @@ import httptools
 from prometheus_client import Counter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.asgi.disconnect import DISCONNECT_EXTENSION, DisconnectNotice
 from gateway.errors import openai_error_body
 
 HEADER_OVERHEAD = 4  # ": " and CRLF around each header line
@@ -68,6 +69,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # bytes received since the current request began, while its head is incomplete
         self._head_size = 0  # exact size of the current head, from the parser callbacks
         self._head_too_large = False
+        self._disconnect = DisconnectNotice()  # in each request's scope: the relay's guard needs no watcher task
 
     # -- connection ---------------------------------------------------------------------------------
 
@@ -82,6 +84,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_head_timer()
         self._unset_keepalive_if_required()
         super().connection_lost(exc)
+        self._disconnect.connection_lost()
 
     def data_received(self, data: bytes) -> None:
         # Unlike uvicorn, bytes alone do not reset the idle deadline: only the start of a request does,
@@ -124,6 +127,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope["extensions"] = {DISCONNECT_EXTENSION: {"notice": self._disconnect}}  # ASGI: a dict per extension
         self._unset_keepalive_if_required()
         self._head_bytes = 0
         self._head_size = 0

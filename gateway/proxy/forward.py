@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import msgspec
 from prometheus_client import Counter
 
-from gateway.asgi.disconnect import DisconnectGuard
-from gateway.asgi.inline import Step, run_until_blocked
+from gateway.asgi.disconnect import DisconnectGuard, disconnect_notice
+from gateway.asgi.inline import Ready, Step, run_for_result, run_until_blocked
 from gateway.asgi.io import (
     JSON_TYPE,
     Receive,
@@ -96,7 +96,7 @@ class Proxy:
         try:
             call, outbound = await self._outbound(ex, admitted, inbound, finishes)
             finishes += self.features.sent(call, outbound, ex)
-            async with DisconnectGuard(inbound.receive) as guard:
+            async with DisconnectGuard(inbound.receive, disconnect_notice(inbound.scope)) as guard:
                 await self._relay(Relaying(ex, call, inbound), outbound)
             if guard.disconnected:
                 ex.outcome = Outcome.CLIENT_DISCONNECTED
@@ -143,11 +143,16 @@ class Proxy:
         content_type = (header(scope, b"content-type") or b"").split(b";")[0].strip().lower()
         if content_type != JSON_TYPE:
             raise UnsupportedMediaType("The request body must be JSON (Content-Type: application/json).")
-        try:
-            async with asyncio.timeout(self.body_timeout_s):
-                body = await read_body(scope, receive, policies.gateway.max_body_bytes)
-        except TimeoutError:
-            raise RequestTimeout(f"The request body did not arrive within {self.body_timeout_s:g} s.") from None
+        # A body the server already holds (the usual case: it came with the head) is read here without a timer.
+        reading = run_for_result(read_body(scope, receive, policies.gateway.max_body_bytes))
+        if isinstance(reading, Ready):
+            body = reading.value
+        else:
+            try:
+                async with asyncio.timeout(self.body_timeout_s):
+                    body = await reading
+            except TimeoutError:
+                raise RequestTimeout(f"The request body did not arrive within {self.body_timeout_s:g} s.") from None
         check_json_shape(body, self.json_limits)
         return body
 

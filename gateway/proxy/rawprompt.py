@@ -134,9 +134,9 @@ def _head_to_last_comma(head: bytes) -> object | None:
 def _cut_state(head: bytes) -> tuple[bool, bytes]:
     """Whether a JSON prefix ends inside a string, and its brackets and commas outside strings (the method of
     gateway.proxy.shape.structure_outside_strings: escaped backslashes, then escaped quotes, are removed)."""
-    if b"\\\\" in head:
+    if head.find(b"\\\\") >= 0:  # not `in`: see EVENT_END in gateway/proxy/sse.py
         head = head.replace(b"\\\\", b"")
-    if b'\\"' in head:
+    if head.find(b'\\"') >= 0:
         head = head.replace(b'\\"', b"")
     pieces = head.translate(None, NOT_STRUCTURE).split(b'"')
     return len(pieces) % 2 == 0, b"".join(pieces[::2])
@@ -150,6 +150,6 @@ def _closers(skeleton: bytes) -> bytes | None:
         if reduced == brackets:
             break
         brackets = reduced
-    if b"]" in brackets or b"}" in brackets:
+    if brackets.find(b"]") >= 0 or brackets.find(b"}") >= 0:
         return None
     return b"".join(CLOSING[opener] for opener in reversed(brackets))

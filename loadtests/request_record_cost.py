@@ -25,9 +25,9 @@ from pathlib import Path
 import structlog
 from prometheus_client import CollectorRegistry
 
-from gateway.log import UtcIsoStamper, configure_logging
+from gateway.log import UtcIsoStamper, configure_logging, get_logger
 from gateway.metrics import GatewayMetrics
-from gateway.proxy.record import Exchange, RequestRecorder, _log_line
+from gateway.proxy.record import REQUEST_LOGGER, Exchange, RequestRecorder, log_fields
 from gateway.proxy.sse import Usage
 
 REPEATS = 5
@@ -55,7 +55,7 @@ def uncached_record(metrics: GatewayMetrics, exchange: Exchange) -> None:
         metrics.prompt_tokens.labels(tenant, pool).inc(exchange.usage.prompt_tokens)
         metrics.cached_prompt_tokens.labels(tenant, pool).inc(exchange.usage.cached_tokens)
     metrics.overhead.labels(route).observe(exchange.overhead_s)
-    _log_line(exchange)
+    get_logger(REQUEST_LOGGER).info("request", **log_fields(exchange))  # through structlog, as it was
 
 
 def measure(requests: int) -> dict[str, float]:

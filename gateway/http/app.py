@@ -21,14 +21,14 @@ from gateway.http.process import on_sighup, settle_gc
 from gateway.http.request_ids import RequestIds
 from gateway.http.wiring import State, start, stop
 from gateway.http.workers import WorkerRole
-from gateway.log import get_logger, stack_frames
+from gateway.log import EventLine, get_logger, stack_frames
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import Outcome
 from gateway.policy.loader import PolicySet
 from gateway.policy.reloader import PolicyHolder
 from gateway.proxy.features import Admitted, Inbound, Readmit
 from gateway.proxy.otel_metrics import OtelGenAIMetrics
-from gateway.proxy.record import Exchange, RequestRecorder
+from gateway.proxy.record import REQUEST_LOGGER, Exchange, RequestRecorder
 from gateway.routes import FORWARDED_KINDS, ROUTES, RouteSpec
 from gateway.settings import Settings, salt_secret_bytes
 from gateway.strict.request_fields import FieldRefused
@@ -47,7 +47,9 @@ class GatewayApp:
         self.role = role
         self.metrics = GatewayMetrics(registry or CollectorRegistry(), metrics_dir)
         self.genai = OtelGenAIMetrics(self.metrics.registry) if settings.otel_metrics else None
-        self.recorder = RequestRecorder(self.metrics)
+        # After configure_logging (gateway/cli/serve.py): the request line is written where structlog writes.
+        request_line = EventLine(REQUEST_LOGGER, settings.log_format, settings.log_level)
+        self.recorder = RequestRecorder(self.metrics, log=request_line)
         self.request_ids = RequestIds()
         self._state: State | None = None
 

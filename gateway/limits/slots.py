@@ -7,8 +7,6 @@ are shared by all replicas when Redis is configured (gateway/limits/rate.py).
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 from gateway.errors import Overloaded, TooManyRequests
 from gateway.limits.rate import RateLimiter
@@ -54,38 +52,73 @@ class RequestLimits:
         self.rate = rate
         self.metrics = metrics
         self.in_flight = InFlight()
+        self._global = GlobalSlot(self)  # holds no state of its own: one serves every request
 
-    @asynccontextmanager
-    async def global_slot(self) -> AsyncIterator[None]:
-        """Hold one of the process-wide request slots, or answer 503."""
+    def global_slot(self) -> GlobalSlot:
+        """`async with`: hold one of the process-wide request slots, or answer 503."""
+        return self._global
+
+    def tenant_slot(self, tenant: TenantPolicy) -> TenantSlot:
+        """`async with`: hold one of the tenant's in-flight slots and one request of its per-minute budget, or
+        answer 429."""
+        return TenantSlot(self, tenant)
+
+    def enter_global(self) -> None:
         if not self.in_flight.try_enter(GLOBAL_LABEL, self.max_in_flight):
             self.metrics.rate_limited.labels(GLOBAL_LABEL, "global_in_flight").inc()
             raise Overloaded("The gateway is serving too many requests; retry shortly.",
                              retry_after_s=GLOBAL_RETRY_AFTER_S)
-        try:
-            yield
-        finally:
-            self.in_flight.leave(GLOBAL_LABEL)
 
-    @asynccontextmanager
-    async def tenant_slot(self, tenant: TenantPolicy) -> AsyncIterator[None]:
-        """Hold one of the tenant's in-flight slots and one request of its per-minute budget, or answer 429."""
+    async def enter_tenant(self, tenant: TenantPolicy) -> None:
         name, limits = tenant.tenant, tenant.limits
         if not self.in_flight.try_enter(name, limits.max_in_flight):
             self._refused(name, "max_in_flight")
             raise TooManyRequests(f"Tenant {name!r} has {limits.max_in_flight} requests in flight, its limit.",
                                   retry_after_s=1)
+        if limits.requests_per_minute is None:
+            return
         try:
-            if limits.requests_per_minute is not None:
-                wait_s = await self.rate.acquire(name, limits.requests_per_minute)
-                if wait_s is not None:
-                    self._refused(name, "requests_per_minute")
-                    raise TooManyRequests(
-                        f"Tenant {name!r} is over its limit of {limits.requests_per_minute} requests per minute.",
-                        retry_after_s=retry_after_header(wait_s))
-            yield
-        finally:
+            wait_s = await self.rate.acquire(name, limits.requests_per_minute)
+        except BaseException:
             self.in_flight.leave(name)
+            raise
+        if wait_s is not None:
+            self.in_flight.leave(name)
+            self._refused(name, "requests_per_minute")
+            raise TooManyRequests(
+                f"Tenant {name!r} is over its limit of {limits.requests_per_minute} requests per minute.",
+                retry_after_s=retry_after_header(wait_s))
 
     def _refused(self, tenant: str, limit: str) -> None:
         self.metrics.rate_limited.labels(tenant, limit).inc()
+
+
+# Context managers as small classes, not @asynccontextmanager generators: two are entered per request, and a
+# generator-based one costs several more calls each (loadtests/instructions.py).
+
+
+class GlobalSlot:
+    __slots__ = ("limits",)
+
+    def __init__(self, limits: RequestLimits) -> None:
+        self.limits = limits
+
+    async def __aenter__(self) -> None:
+        self.limits.enter_global()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.limits.in_flight.leave(GLOBAL_LABEL)
+
+
+class TenantSlot:
+    __slots__ = ("limits", "tenant")
+
+    def __init__(self, limits: RequestLimits, tenant: TenantPolicy) -> None:
+        self.limits = limits
+        self.tenant = tenant
+
+    async def __aenter__(self) -> None:
+        await self.limits.enter_tenant(self.tenant)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.limits.in_flight.leave(self.tenant.tenant)

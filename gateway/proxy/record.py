@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Histogram
 
-from gateway.log import get_logger
+from gateway.log import EventLine
 from gateway.metrics import ChildCache, GatewayMetrics
 from gateway.outcomes import Outcome
 from gateway.proxy.sse import Usage
 
-log = get_logger("gateway.request")
+REQUEST_LOGGER = "gateway.request"
 NO_POOL = "none"
 MAX_SERIES = 4096  # cached (tenant, pool, route, status) children; cleared when full, so always bounded
 
@@ -65,8 +65,9 @@ class RequestRecorder:
     """The last stage of every request: its metrics and its log line. Holds a bounded cache of labelled children;
     children are never removed from the metrics, so a cached one is always the one `labels()` would return."""
 
-    def __init__(self, metrics: GatewayMetrics, max_series: int = MAX_SERIES) -> None:
+    def __init__(self, metrics: GatewayMetrics, max_series: int = MAX_SERIES, log: EventLine | None = None) -> None:
         self.metrics = metrics
+        self.log = log if log is not None else EventLine(REQUEST_LOGGER)
         self.max_series = max_series
         self._series: dict[tuple[str, str, str, int], RequestSeries] = {}
         self._overhead = ChildCache(metrics.overhead, max_series)  # by route
@@ -77,7 +78,7 @@ class RequestRecorder:
             _record_tenant_metrics(self.metrics, series, exchange)
         if exchange.pool != NO_POOL:
             self._overhead.get(exchange.route).observe(exchange.overhead_s)
-        _log_line(exchange)
+        self.log.info("request", log_fields(exchange))
 
     def series(self, tenant: str, pool: str, route: str, status: int) -> RequestSeries:
         key = (tenant, pool, route, status)
@@ -111,31 +112,31 @@ def _record_tenant_metrics(metrics: GatewayMetrics, series: RequestSeries, excha
         series.cached_prompt_tokens.inc(exchange.usage.cached_tokens)
 
 
-def _log_line(exchange: Exchange) -> None:
+def log_fields(exchange: Exchange) -> dict[str, object]:
+    """The request's log line: identifiers and numbers only, never prompts, outputs, keys or salts."""
     usage = exchange.usage
-    log.info(
-        "request",
-        request_id=exchange.request_id,
-        tenant=exchange.tenant or None,
-        route=exchange.route,
-        pool=exchange.pool,
-        upstream=exchange.upstream or None,
-        status=exchange.status,
-        outcome=exchange.outcome,
-        error=exchange.error,
-        ttft_ms=_ms(exchange.ttft_s),
-        duration_ms=_ms(exchange.duration_s),
-        overhead_ms=_ms(exchange.overhead_s),
-        prompt_tokens=usage.prompt_tokens if usage else None,
-        cached_tokens=usage.cached_tokens if usage else None,
-        policy_version=exchange.policy_version or None,
-        **_optional(exchange),
-    )
+    fields: dict[str, object] = {
+        "request_id": exchange.request_id,
+        "tenant": exchange.tenant or None,
+        "route": exchange.route,
+        "pool": exchange.pool,
+        "upstream": exchange.upstream or None,
+        "status": exchange.status,
+        "outcome": exchange.outcome,
+        "error": exchange.error,
+        "ttft_ms": _ms(exchange.ttft_s),
+        "duration_ms": _ms(exchange.duration_s),
+        "overhead_ms": _ms(exchange.overhead_s),
+        "prompt_tokens": usage.prompt_tokens if usage else None,
+        "cached_tokens": usage.cached_tokens if usage else None,
+        "policy_version": exchange.policy_version or None,
+    }
+    _add_optional(exchange, fields)
+    return fields
 
 
-def _optional(exchange: Exchange) -> dict[str, object]:
+def _add_optional(exchange: Exchange, fields: dict[str, object]) -> None:
     """Fields that only some requests have, left out of the others' log lines."""
-    fields: dict[str, object] = {}
     if exchange.admission is not None:
         fields["admission"] = exchange.admission
     if exchange.miss_path is not None:
@@ -144,7 +145,6 @@ def _optional(exchange: Exchange) -> dict[str, object]:
         fields["stack"] = exchange.stack
     if exchange.content_encoding is not None:
         fields["content_encoding"] = exchange.content_encoding
-    return fields
 
 
 def _ms(seconds: float | None) -> float | None:

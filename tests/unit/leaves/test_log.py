@@ -127,3 +127,43 @@ def test_the_stamp_follows_the_clock_across_seconds() -> None:
     now[0] += 2_000
     assert (first, stamper(None, "info", {})["timestamp"]) == (
         "2025-12-01T18:30:05.999999Z", "2025-12-01T18:30:06.000001Z")
+
+
+# -- the per-request line (gateway.log.EventLine) ----------------------------------------------------------------
+
+BOTH_WAYS = """
+    from gateway.log import EventLine
+    structlog.contextvars.bind_contextvars(worker=3)
+    fields = {"request_id": "r1", "tenant": "acme", "status": 200, "outcome": "ok", "ttft_ms": 12.5, "error": None,
+              "miss_path": [{"pool": "a", "failure": "x"}]}
+    log.info("request", **fields)
+    EventLine("test", FORMAT, LEVEL).info("request", dict(fields))
+"""
+
+
+def both_ways(fmt: str, level: str) -> str:
+    return run_logging(BOTH_WAYS.replace("FORMAT", repr(fmt)).replace("LEVEL", repr(level)), fmt=fmt, level=level)
+
+
+def without_time(line: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(key, value) for key, value in line.items() if key != "timestamp"]
+
+
+def test_the_request_line_is_the_line_structlog_writes_keys_in_order() -> None:
+    """Wrong version: the context variable (the worker) or the level left out, or the keys in another order."""
+    out = both_ways("json", "info")
+    through_structlog, direct = json_lines(out)
+    assert without_time(direct) == without_time(through_structlog)
+    assert list(direct)[-4:] == ["event", "worker", "level", "timestamp"]
+    assert direct["timestamp"].endswith("Z")
+
+
+@pytest.mark.parametrize("level", ["warning", "error"])
+def test_the_request_line_follows_the_level(level: str) -> None:
+    assert both_ways("json", level) == ""
+
+
+def test_the_console_format_goes_through_structlog() -> None:
+    out = both_ways("console", "info")
+    structlog_line, direct_line = out.splitlines()
+    assert direct_line.split(" ", 1)[1] == structlog_line.split(" ", 1)[1]  # the same text after the time

@@ -41,6 +41,7 @@ KNOWN_SALTS: dict[SaltKey, str] = {
     (GATEWAY_SECRET, "beta-down", 1, None): "368cbb6c413a89db8f4c5edd3e8f298ba0cacb91b588dbf07cde138227caa184",
     (GATEWAY_SECRET, "quiet-lm", 1, None): "318083a228cca0cea931d2c3aa156617cce302bab989388ad1d859f8c2b033f4",
     (GATEWAY_SECRET, "users-lm", 1, None): "7712e758796a3879fd8ef243213b86029082e82b3dcaf415c85ca9403cd0d979",
+    (GATEWAY_SECRET, "docs-lm", 1, None): "3e0be66f313e543f968f7e7d17423bdb1d195440ba8f7fe3e67eda7f7012932a",
     (GATEWAY_SECRET, "mirror-plain", 1, None): "c3cfdf92f6c4005e1f8967526d5a89b308d9faf54e152cd2c6f4ae60f2a38237",
     (LEDGER_SECRET, "acme", 1, None): "db98bc0948af48391b4e7b888141bd8d05aeb13c442de3a5d05827e99421587d",
     (LEDGER_SECRET, "acme", 2, None): "2b7f639dba800cd89f5c43bfb2acc0990f509b1a09867f298b259f445eaeab06",

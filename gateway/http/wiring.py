@@ -99,7 +99,8 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
     shadow = _shadow_runner(settings, metrics, health, tasks, await open_shadow_store(storage))
     admission = Admission.on(storage, secret, settings.admission_sketch_width)
     reuse = await _reuse_trace(settings, secret, metrics, holder, tasks, storage)
-    features = Features(request_features(ledger, shadow, genai, AdmissionFeature(admission, metrics), reuse))
+    features = Features(request_features(ledger, ShadowFeature(shadow, secret), genai,
+                                         AdmissionFeature(admission, metrics), reuse))
     log.info("gateway_started", policy_version=policies.version, tenants=sorted(policies.tenants),
              features=[feature.name for feature in features.all])
     relay = UpstreamClient(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
@@ -140,11 +141,11 @@ def _canary(calls: SmallCalls, secret: bytes, metrics: GatewayMetrics, holder: P
 
 
 def request_features(
-    ledger: LedgerService, shadow: ShadowRunner, genai: OtelGenAIMetrics | None,
+    ledger: LedgerService, shadow: ShadowFeature, genai: OtelGenAIMetrics | None,
     admission: AdmissionFeature | None = None, reuse: ReuseTrace | None = None,
 ) -> list[RequestFeature]:
     """Every feature that hooks into a request, in the order they run."""
-    features: list[RequestFeature] = [UserSaltFeature(ledger.remember_user_salt), ShadowFeature(shadow)]
+    features: list[RequestFeature] = [UserSaltFeature(ledger.remember_user_salt), shadow]
     if admission is not None:
         features.append(admission)
     if genai is not None:

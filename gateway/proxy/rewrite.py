@@ -7,7 +7,6 @@ is forwarded as the very JSON text the client sent (gateway.proxy.rawprompt).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from dataclasses import field as dataclass_field
 from typing import Any
 
 import msgspec
@@ -37,8 +36,6 @@ class RewrittenRequest:
     user: str | None
     deterministic: bool
     affinity: str  # salt and the start of the prompt: requests sharing both can share cached blocks
-    # `lmcache.*` entries for pools whose connector is LMCache (the tenant tag, skip_save); added per pool
-    lmcache: dict[str, Any] = dataclass_field(default_factory=dict)
     dropped_fields: tuple[str, ...] = ()  # engine-steering fields removed by policy (counted in metrics)
 
     @property
@@ -76,12 +73,16 @@ def rewrite_request(
         user=user,
         deterministic=_deterministic(request),
         affinity=f"{request.get('cache_salt', tenant.tenant)}:{prompt_prefix(request)}",
-        lmcache=_lmcache(request, tenant, secret) if kind is Kind.GENERATE else {},
         dropped_fields=tuple(dropped),
     )
 
 
-def _lmcache(request: dict[str, Any], tenant: TenantPolicy, secret: bytes) -> dict[str, Any]:
+def lmcache_entries(request: dict[str, Any], route: RouteSpec, tenant: TenantPolicy, secret: bytes) -> dict[str, Any]:
+    """The `lmcache.*` entries (the tenant tag, skip_save) for a pool whose connector is LMCache. Taken from the
+    request as it is sent, after the features: a store that offload admission refused is `skip_save` too. Only
+    requests to such pools pay for the tag's HMAC."""
+    if route.kind is not Kind.GENERATE:
+        return {}
     sent = request.get("kv_transfer_params")
     return lmcache_params(secret, request.get("cache_salt"), tenant.offload, sent if isinstance(sent, dict) else {})
 

@@ -9,6 +9,7 @@ from gateway.connectors.lmcache_tags import body_for_pool
 from gateway.outcomes import Outcome
 from gateway.proxy.features import Call, Finish, Outbound, RequestFeature
 from gateway.proxy.record import Exchange
+from gateway.proxy.rewrite import lmcache_entries
 from gateway.routes import Kind
 from gateway.shadow.compare import ArmResult, generated_text
 from gateway.shadow.runner import PrimarySlot, ShadowCall, ShadowRunner
@@ -17,8 +18,9 @@ from gateway.shadow.runner import PrimarySlot, ShadowCall, ShadowRunner
 class ShadowFeature(RequestFeature):
     name = "shadow"
 
-    def __init__(self, runner: ShadowRunner) -> None:
+    def __init__(self, runner: ShadowRunner, salt_secret: bytes) -> None:
         self.runner = runner
+        self.salt_secret = salt_secret  # for the LMCache tag of a shadow pool that runs LMCache
 
     def sent(self, call: Call, outbound: Outbound, ex: Exchange) -> Finish | None:
         prepared = call.prepared
@@ -30,7 +32,9 @@ class ShadowFeature(RequestFeature):
         body = outbound.body
         shadow_pool = call.policies.gateway.pools.get(call.tenant.shadow.pool or "")
         if shadow_pool is not None and (shadow_pool.lmcache or call.pool.lmcache):
-            body = body_for_pool(prepared.request, prepared.lmcache, shadow_pool)  # the tag only where LMCache runs
+            # The tag only where LMCache runs.
+            entries = lmcache_entries(prepared.request, call.route, call.tenant, self.salt_secret)
+            body = body_for_pool(prepared.request, entries, shadow_pool)
         mirrored = ShadowCall(tenant=call.tenant.tenant, primary_pool=ex.pool, path=call.route.path,
                               request_id=shadow_id, headers={**outbound.headers, "x-request-id": shadow_id},
                               body=body, streamed=prepared.upstream_stream,

@@ -42,6 +42,7 @@ def lmcache_policy(root: Path, sim_url: str) -> PolicyDir:
         policy.add_tenant(f"beta-{pool}", rollout={"pool": pool})
     policy.add_tenant("quiet-lm", rollout={"pool": "lm"}, offload={"max_offload_tokens": 0})
     policy.add_tenant("users-lm", rollout={"pool": "lm"}, cache={"isolation": "user"})
+    policy.add_tenant("docs-lm", rollout={"pool": "lm"}, offload={"admission": "returning"})
     policy.add_tenant("mirror-plain", rollout={"pool": "plain"}, shadow={"pool": "lm", "sample": 1.0})
     policy.add_tenant("root", scopes=("admin", "metrics"))
     return policy
@@ -149,6 +150,19 @@ def test_a_store_cap_of_zero_becomes_skip_save(stack: Stack) -> None:
     _, stored_id = cached(stack, "acme-lm", words(PROMPT_TOKENS))
     assert SKIP_SAVE_KEY not in sent_params(stack, stored_id)
     assert lmcache_state(stack)["stored_tokens_total"] == before + PROMPT_TOKENS
+
+
+def test_offload_admission_keeps_a_new_prefix_out_of_lmcache(stack: Stack) -> None:
+    """Wrong version: skip_save taken from the request before admission refused its store, so a one-off document
+    went into the LMCache tier all the same (admission's max_offload_tokens: 0 is not read by LMCache)."""
+    prompt = words(PROMPT_TOKENS, "admission")
+    before = lmcache_state(stack)["stored_tokens_total"]
+    _, first_id = cached(stack, "docs-lm", prompt)  # new: never seen before
+    assert sent_params(stack, first_id)[SKIP_SAVE_KEY] is True
+    assert lmcache_state(stack)["stored_tokens_total"] == before
+    _, again_id = cached(stack, "docs-lm", prompt)  # returning: the tier may store it now
+    assert SKIP_SAVE_KEY not in sent_params(stack, again_id)
+    assert lmcache_state(stack)["stored_tokens_total"] > before
 
 
 def test_per_user_isolation_gives_each_user_a_tag(stack: Stack) -> None:

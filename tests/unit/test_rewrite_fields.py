@@ -14,7 +14,7 @@ import pytest
 from gateway.errors import BadRequest
 from gateway.policy.model import TenantPolicy
 from gateway.proxy.rawprompt import parse_json_object
-from gateway.proxy.rewrite import AFFINITY_CHARS, RewrittenRequest, prompt_prefix, rewrite_request
+from gateway.proxy.rewrite import AFFINITY_CHARS, RewrittenRequest, lmcache_entries, prompt_prefix, rewrite_request
 from gateway.routes import ROUTES
 from tests.salt_vectors import UNIT_SECRET, known_salt
 
@@ -43,7 +43,7 @@ def test_all_fields_of_a_plain_completion() -> None:
     result = run({"model": "m", "prompt": "hello", "temperature": 0})
     assert result == RewrittenRequest(
         request=result.request, upstream_stream=False, client_stream=False, strip_usage=False, assemble=False,
-        model="m", user=None, deterministic=True, affinity=f"{ACME_SALT}:hello", lmcache=result.lmcache)
+        model="m", user=None, deterministic=True, affinity=f"{ACME_SALT}:hello")
     assert json.loads(result.body) == {"model": "m", "prompt": "hello", "temperature": 0, "cache_salt": ACME_SALT}
 
 
@@ -227,16 +227,21 @@ def test_tenant_isolation_ignores_the_user_field() -> None:
 ACME_TAG = "1175690c4141748b4cdbb95bf88ec582"
 
 
+def entries(body: dict[str, Any], policy: TenantPolicy | None = None, path: str = "/v1/completions") -> dict[str, Any]:
+    """What a pool whose connector is LMCache gets for this request."""
+    return lmcache_entries(run(body, policy, path).request, ROUTES[path], policy or tenant(), SECRET)
+
+
 def test_generation_requests_carry_the_lmcache_tag_of_their_salt() -> None:
-    assert run({"model": "m", "prompt": "x"}).lmcache == {"lmcache.tag.kvgate": ACME_TAG}
-    assert run({"model": "m", "input": "x"}, path="/v1/responses").lmcache == {"lmcache.tag.kvgate": ACME_TAG}
-    assert run({"model": "m", "input": "x"}, path="/v1/embeddings").lmcache == {}
-    assert run({"model": "m", "prompt": "x"}, tenant(cache={"isolation": "none"})).lmcache == {}
+    assert entries({"model": "m", "prompt": "x"}) == {"lmcache.tag.kvgate": ACME_TAG}
+    assert entries({"model": "m", "input": "x"}, path="/v1/responses") == {"lmcache.tag.kvgate": ACME_TAG}
+    assert entries({"model": "m", "input": "x"}, path="/v1/embeddings") == {}
+    assert entries({"model": "m", "prompt": "x"}, tenant(cache={"isolation": "none"})) == {}
 
 
 def test_a_store_cap_of_zero_from_the_client_or_the_policy_skips_saving() -> None:
     skip = {"lmcache.tag.kvgate": ACME_TAG, "lmcache.skip_save": True}
-    assert run({"model": "m", "prompt": "x", "kv_transfer_params": {"max_offload_tokens": 0}}).lmcache == skip
-    assert run({"model": "m", "prompt": "x"}, tenant(offload={"max_offload_tokens": 0})).lmcache == skip
-    assert run({"model": "m", "prompt": "x", "kv_transfer_params": {"max_offload_tokens": 5}}).lmcache == {
+    assert entries({"model": "m", "prompt": "x", "kv_transfer_params": {"max_offload_tokens": 0}}) == skip
+    assert entries({"model": "m", "prompt": "x"}, tenant(offload={"max_offload_tokens": 0})) == skip
+    assert entries({"model": "m", "prompt": "x", "kv_transfer_params": {"max_offload_tokens": 5}}) == {
         "lmcache.tag.kvgate": ACME_TAG}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import signal
 from pathlib import Path
 
 import pytest
@@ -274,3 +275,38 @@ def test_the_limiter_follows_the_storage_backend(tmp_path: Path) -> None:
         await redis.close()
 
     asyncio.run(run())
+
+
+@pytest.mark.redis
+def test_a_request_cancelled_while_its_rate_decision_waits_gives_its_slot_back(tmp_path: Path) -> None:
+    """The client goes away while Redis (stopped with SIGSTOP) holds the per-minute decision: the in-flight slot
+    the request took must be free again, or the tenant loses one of its slots for good."""
+    server = RedisProcess(tmp_path / "redis").start()
+    assert server.popen is not None
+    try:
+        async def run() -> tuple[int, int]:
+            client = aioredis.Redis.from_url(server.url)
+            gate = RequestLimits(2, RedisRateLimiter(client, LocalRateLimiter(), lambda: None, timeout_s=60.0),
+                                 GatewayMetrics(CollectorRegistry()))
+            policy = tenant(max_in_flight=1, per_minute=100)
+
+            async def request() -> None:
+                async with gate.tenant_slot(policy):
+                    pytest.fail("the decision cannot arrive while Redis is stopped")
+
+            server.popen.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+            task = asyncio.get_running_loop().create_task(request())
+            while gate.in_flight.count("acme") == 0:  # the slot is taken before the decision is asked for
+                await asyncio.sleep(0)
+            held = gate.in_flight.count("acme")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            server.popen.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+            await client.aclose()
+            return held, gate.in_flight.count("acme")
+
+        assert asyncio.run(run()) == (1, 0)
+    finally:
+        server.popen.send_signal(signal.SIGCONT)
+        server.stop()

@@ -306,13 +306,13 @@ def start_gateway(
     key = write_policies(work / "policies", upstream_url, config.shadow_sample)
     port = free_port()
     argv = kvgate_command("serve", "--policies", str(work / "policies"), "--port", str(port))
-    return run_server(argv, port, work / "gateway.log", env=gateway_env(config, work, GATEWAY)), key
+    return run_server(argv, port, work / "gateway.log", env=gateway_env(config.log_level, work, GATEWAY)), key
 
 
-def gateway_env(config: Config, work: Path, name: str) -> dict[str, str]:
+def gateway_env(log_level: str, work: Path, name: str) -> dict[str, str]:
     # Its own state file in the run's folder: a file left in the working directory would carry one run's
     # stores (reuse trace, shadow pairs) into the next; each served gateway has its own.
-    return {"KVGATE_SALT_SECRET": "bench-" + secrets.token_hex(16), "KVGATE_LOG_LEVEL": config.log_level,
+    return {"KVGATE_SALT_SECRET": "bench-" + secrets.token_hex(16), "KVGATE_LOG_LEVEL": log_level,
             "KVGATE_STATE_PATH": str(work / f"{name}-state.sqlite3"), "KVGATE_POLICIES": str(work / "policies")}
 
 
@@ -321,7 +321,7 @@ def start_compared(config: Config, work: Path) -> AbstractContextManager[ServerP
     working directory) or from this tree, with `--compare-env` added to its environment."""
     port = free_port()
     argv = [sys.executable, "-P", "-m", "gateway", "serve", "--policies", str(work / "policies"), "--port", str(port)]
-    env = {**gateway_env(config, work, COMPARED), **importable_from(config.compare_tree or REPO_ROOT),
+    env = {**gateway_env(config.log_level, work, COMPARED), **importable_from(config.compare_tree or REPO_ROOT),
            **dict(config.compare_env)}
     return run_server(argv, port, work / f"{COMPARED}.log", env=env)
 
@@ -329,7 +329,7 @@ def start_compared(config: Config, work: Path) -> AbstractContextManager[ServerP
 def start_granian(config: Config, work: Path) -> AbstractContextManager[ServerProcess]:
     """The same app, policies and settings as the uvicorn gateway (its policy folder), served by granian."""
     port = free_port()
-    env = {**gateway_env(config, work, GRANIAN), **importable_here()}
+    env = {**gateway_env(config.log_level, work, GRANIAN), **importable_here()}
     return run_server(granian_candidate.granian_argv(port), port, work / "granian.log", env=env)
 
 

@@ -32,8 +32,9 @@ class ShadowFeature(RequestFeature):
         body = outbound.body
         shadow_pool = call.policies.gateway.pools.get(call.tenant.shadow.pool or "")
         if shadow_pool is not None and (shadow_pool.lmcache or call.pool.lmcache):
-            # The tag only where LMCache runs.
-            entries = lmcache_entries(prepared.request, call.route, call.tenant, self.salt_secret)
+            # The tag only where LMCache runs (the primary's body may carry it for its own pool).
+            entries = lmcache_entries(prepared.request, call.route, call.tenant, self.salt_secret) \
+                if shadow_pool.lmcache else {}
             body = body_for_pool(prepared.request, entries, shadow_pool)
         mirrored = ShadowCall(tenant=call.tenant.tenant, primary_pool=ex.pool, path=call.route.path,
                               request_id=shadow_id, headers={**outbound.headers, "x-request-id": shadow_id},

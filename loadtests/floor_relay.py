@@ -8,7 +8,7 @@ relay that CPython, uvloop and httptools allow cost per streamed request, before
   ASGI app that reads the body, sends it unchanged through kvgate's own upstream client
   (`gateway.proxy.upstream.UpstreamClient`, keep-alive pool) and relays every upstream read as one ASGI message,
   sent from the connection's read callback (`pump` and `run_until_blocked`), as kvgate's relay does. No
-  authentication, no rewrite, no metrics, no log line, no disconnect watcher, no SSE scan: kvgate's CPU per
+  authentication, no rewrite, no metrics, no log line, no disconnect guard, no SSE scan: kvgate's CPU per
   request less this relay's is what kvgate's own features and checks cost on top of the server and the client.
 - `protocol`: no ASGI server and no coroutine per request. One `asyncio.Protocol` per client connection and one
   per pooled upstream connection, both parsed by httptools; each upstream read is framed and written onto the

@@ -74,25 +74,27 @@ def test_errors_raise_in_place_before_the_first_wait_and_from_the_rest_after_it(
     asyncio.run(main())
 
 
+async def waits_forever(seen: list[str]) -> None:
+    """Waits on an event nobody sets; notes a cancellation thrown in where it waits."""
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        seen.append("cancelled where it waited")
+        raise
+
+
 def test_cancelling_the_task_that_awaits_the_rest_cancels_the_coroutine_where_it_waits() -> None:
     seen: list[str] = []
 
-    async def waits_forever(never: asyncio.Event) -> None:
-        try:
-            await never.wait()
-        except asyncio.CancelledError:
-            seen.append("cancelled inside")
-            raise
-
     async def main() -> None:
-        rest = run_until_blocked(waits_forever(asyncio.Event()))
+        rest = run_until_blocked(waits_forever(seen))
         assert rest is not None
         task = asyncio.get_running_loop().create_task(rest)
         await asyncio.sleep(0)  # one turn: the task waits on the event's future now
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert seen == ["cancelled inside"]
+        assert seen == ["cancelled where it waited"]
 
     asyncio.run(main())
 
@@ -167,16 +169,8 @@ def test_a_refusal_before_the_first_wait_is_raised_in_place() -> None:
 def test_a_timeout_around_the_rest_cancels_the_coroutine_where_it_waits() -> None:
     seen: list[str] = []
 
-    async def slow(never: asyncio.Event) -> bytes:
-        try:
-            await never.wait()
-        except asyncio.CancelledError:
-            seen.append("cancelled where it waited")
-            raise
-        return b""
-
     async def main() -> None:
-        rest = run_for_result(slow(asyncio.Event()))
+        rest = run_for_result(waits_forever(seen))
         assert not isinstance(rest, Ready)
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0):

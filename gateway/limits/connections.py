@@ -24,8 +24,9 @@ from typing import Any
 
 import httptools
 from prometheus_client import Counter
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from gateway.asgi.body_writer import BODY_WRITER_EXTENSION
 from gateway.asgi.disconnect import DISCONNECT_EXTENSION, DisconnectNotice
 from gateway.errors import openai_error_body
 
@@ -145,6 +146,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._cancel_head_timer()
         super().on_headers_complete()
+        cycle = self.cycle  # the new request's, unless uvicorn returned early (an upgrade)
+        if cycle is not None and cycle.scope is self.scope and self.scope["method"] != "HEAD":
+            self.scope["extensions"][BODY_WRITER_EXTENSION] = {"write": ChunkedBodyWriter(cycle).write}
 
     def _grow_head(self, size: int) -> None:
         self._head_size += size
@@ -193,6 +197,29 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         self._refuse(400, "The request is not valid HTTP/1.1.", "malformed")
+
+
+class ChunkedBodyWriter:
+    """`write` is the `BodyWriter` (gateway/asgi/body_writer.py) of one uvicorn request cycle (a bound method: a
+    call through `__call__` costs more per event): a body chunk framed and written
+    exactly as the cycle's `send` writes a body message with more to follow, whenever that `send` would write at
+    once; otherwise False, and the caller sends the message."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self._cycle = cycle
+
+    def write(self, body: bytes) -> bool:
+        cycle = self._cycle
+        # `send` would frame it otherwise (not started: None; a content-length: False), raise (complete), return
+        # without writing (disconnected) or wait for the client first (write_paused).
+        if cycle.chunked_encoding is not True or cycle.response_complete or cycle.disconnected \
+                or cycle.flow.write_paused:
+            return False
+        if body:  # an empty chunk would be the terminator; `send` writes nothing for it
+            cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return True
 
 
 def guarded_protocol(limits: ConnectionLimits, closed: Counter) -> type[GuardedHttpToolsProtocol]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import msgspec
 from prometheus_client import Counter
 
+from gateway.asgi.body_writer import BodyWriter, body_writer
 from gateway.asgi.disconnect import DisconnectGuard, disconnect_notice
 from gateway.asgi.inline import Ready, Step, run_for_result, run_until_blocked
 from gateway.asgi.io import (
@@ -338,7 +339,7 @@ class Proxy:
         ex, client = relaying.ex, relaying.client
         await client.send(start_message(200, self._headers(ex, response, time.perf_counter())))
         watch = StreamWatch(prepared.strip_usage)
-        sink = ClientSink(ex, watch, client.server_send)
+        sink = ClientSink(ex, watch, client.server_send, body_writer(client.scope)).pass_on
         if self.client_stalls is not None:
             response.on_pause = self.client_stalls.get(ex.tenant).inc
         try:
@@ -381,23 +382,26 @@ class Proxy:
 class ClientSink:
     """Passes a stream's upstream reads to the client as they arrive (a `Sink` of UpstreamConnection.pump): the
     watch's scan, TTFT at the first content, the shadow's capture, and the server's `send`, run in the read
-    callback until it would wait (gateway/asgi/inline.py)."""
+    callback until it would wait (gateway/asgi/inline.py); or, where the server offers one, its `BodyWriter`,
+    which writes without an ASGI message whenever `send` would not wait (gateway/asgi/body_writer.py)."""
 
-    __slots__ = ("ex", "send", "watch")
+    __slots__ = ("ex", "send", "watch", "write")
 
-    def __init__(self, ex: Exchange, watch: StreamWatch, send: Send) -> None:
+    def __init__(self, ex: Exchange, watch: StreamWatch, send: Send, write: BodyWriter | None = None) -> None:
         self.ex = ex
         self.watch = watch
         self.send = send
+        self.write = write
 
-    def __call__(self, chunk: bytes) -> Step | None:
+    def pass_on(self, chunk: bytes) -> Step | None:
+        """The `Sink`: a bound method, cheaper per read than an instance's `__call__`."""
         ex = self.ex
         forward, first = self.watch.feed(chunk)
         if first:
             ex.ttft_s = time.perf_counter() - ex.started
         if ex.capture is not None:
             ex.capture += chunk
-        if not forward:
+        if not forward or (self.write is not None and self.write(forward)):
             return None
         return run_until_blocked(self.send({"type": "http.response.body", "body": forward, "more_body": True}))
 

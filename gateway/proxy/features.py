@@ -17,8 +17,9 @@ logs its own errors. Adding a feature is one entry in `gateway.http.app.GatewayA
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from gateway.asgi.io import Receive, Scope, Send
 from gateway.policy.loader import PolicySet
@@ -29,9 +30,11 @@ from gateway.routes import RouteSpec
 
 Finish = Callable[[Exchange], None]
 
+# The per-request records here (and RewrittenRequest, Relaying, the reuse trace's PromptParts, FinishedRequest and
+# Job) are frozen msgspec Structs, not frozen dataclasses: a frozen dataclass's __init__ sets each field through
+# object.__setattr__ (1.3 µs for 12 fields), a Struct is built in C (0.11 µs); a request builds about ten of them.
 
-@dataclass(frozen=True)
-class Inbound:
+class Inbound(msgspec.Struct, frozen=True):
     """The ASGI triple of one client request."""
 
     scope: Scope
@@ -42,8 +45,7 @@ class Inbound:
     server_send: Send
 
 
-@dataclass(frozen=True)
-class Admitted:
+class Admitted(msgspec.Struct, frozen=True):
     """An authenticated request for a forwarded route: whose, and under which policy set."""
 
     policies: PolicySet
@@ -57,8 +59,7 @@ class Admitted:
 Readmit = Callable[[Admitted], Admitted]
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(msgspec.Struct, frozen=True):
     """One forwarded request's context: who, which route, which pool, and the rewritten request."""
 
     request_id: str
@@ -74,8 +75,7 @@ class Call:
         return self.prepared.user if self.prepared is not None else None
 
 
-@dataclass(frozen=True)
-class Outbound:
+class Outbound(msgspec.Struct, frozen=True):
     """One prepared upstream request."""
 
     method: str

@@ -6,7 +6,6 @@ is forwarded as the very JSON text the client sent (gateway.proxy.rawprompt).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -17,14 +16,13 @@ from gateway.policy.model import OffloadPolicy, TenantPolicy
 from gateway.proxy.rawprompt import HEAD_BYTES, decode_request, decoded, decoded_head
 from gateway.proxy.shape import check_user_value
 from gateway.routes import Kind, RouteSpec, StreamStyle
-from gateway.salts import derive_salt
+from gateway.salts import Salts
 from gateway.strict.request_fields import apply_engine_policy, check_types
 
 CAP_KEYS = ("max_load_tokens", "max_offload_tokens")
 
 
-@dataclass(frozen=True)
-class RewrittenRequest:
+class RewrittenRequest(msgspec.Struct, frozen=True):
     # The rewritten body, open to features (gateway.proxy.features) until encoded. A long prompt value is a
     # msgspec.Raw (its JSON text): read it through gateway.proxy.rawprompt.decoded.
     request: dict[str, Any]
@@ -45,7 +43,7 @@ class RewrittenRequest:
 
 
 def rewrite_request(
-    body: bytes, route: RouteSpec, tenant: TenantPolicy, secret: bytes, header_user: str | None
+    body: bytes, route: RouteSpec, tenant: TenantPolicy, salts: Salts, header_user: str | None
 ) -> RewrittenRequest:
     request = decode_request(body)
     check_user_value(request.get("user"), "user")
@@ -53,7 +51,7 @@ def rewrite_request(
     check_types(request, route)
     dropped = apply_engine_policy(request, route, tenant.engine_fields)
     user = header_user if header_user is not None else _body_user(request)
-    _apply_salt(request, tenant, secret, user)
+    _apply_salt(request, tenant, salts, user)
     if kind is Kind.GENERATE:
         _apply_caps(request, tenant.offload)
     elif "kv_transfer_params" in request:
@@ -144,7 +142,7 @@ def _body_user(request: dict[str, Any]) -> str | None:
     return user if isinstance(user, str) and user else None
 
 
-def _apply_salt(request: dict[str, Any], tenant: TenantPolicy, secret: bytes, user: str | None) -> None:
+def _apply_salt(request: dict[str, Any], tenant: TenantPolicy, salts: Salts, user: str | None) -> None:
     if "cache_salt" in request and tenant.cache.client_salt == "reject":
         raise BadRequest("cache_salt is set by the gateway; this tenant may not send one.", param="cache_salt")
     request.pop("cache_salt", None)
@@ -154,7 +152,7 @@ def _apply_salt(request: dict[str, Any], tenant: TenantPolicy, secret: bytes, us
     if isolation == "user" and user is None:
         raise BadRequest("This tenant's cache is isolated per user: send the `user` field.", param="user")
     per_user = user if isolation == "user" else None
-    request["cache_salt"] = derive_salt(secret, tenant.tenant, tenant.cache.salt_epoch, per_user)
+    request["cache_salt"] = salts.derive(tenant.tenant, tenant.cache.salt_epoch, per_user)
 
 
 def _apply_caps(request: dict[str, Any], offload: OffloadPolicy) -> None:

@@ -18,7 +18,6 @@ import hmac
 import struct
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -35,8 +34,7 @@ def tenant_trace_key(secret: bytes, tenant: str) -> bytes:
     return hmac.new(secret, f"kvgate-reuse-trace:{tenant}".encode(), hashlib.sha256).digest()
 
 
-@dataclass(frozen=True)
-class PromptParts:
+class PromptParts(msgspec.Struct, frozen=True):
     """A prompt without copying it: the request's own token-id list, or the pieces of the canonical string."""
 
     ids: list[int] | None

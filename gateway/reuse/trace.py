@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.log import get_logger
@@ -58,8 +59,7 @@ class TraceSettings:
     default_chars_per_token: float = 4.0
 
 
-@dataclass(frozen=True, slots=True)
-class FinishedRequest:
+class FinishedRequest(msgspec.Struct, frozen=True):
     """One finished generation request, as the trace sees it."""
 
     tenant: str
@@ -71,8 +71,7 @@ class FinishedRequest:
     caps: TransferCaps = (None, None)  # (max_offload_tokens, max_load_tokens) as sent upstream
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(msgspec.Struct, frozen=True):
     """A sampled request waiting for its full chain."""
 
     ts: float

@@ -39,12 +39,14 @@ from gateway.proxy.forward import DEFAULT_JSON_LIMITS
 from gateway.proxy.rewrite import rewrite_request
 from gateway.proxy.shape import check_json_shape
 from gateway.routes import ROUTES
+from gateway.salts import Salts
 from loadtests import procstat
 from loadtests import proxy_overhead as bench
 
 TOKEN_SIZES = (1_000, 8_000, 32_000, 128_000)
 WORDS = ("the", "cache", "of", "a", "block", "is", "kept", "per", "tenant", "and")  # ~4.9 bytes per token
 SECRET = b"prompt-size-benchmark-secret-0123456789"
+SALTS = Salts(SECRET)
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def body_path_peak(route: str, body: bytes) -> int:
     try:
         joined = b"".join(chunks)  # as read_body does; the proxy then drops these bytes before encoding
         check_json_shape(joined, DEFAULT_JSON_LIMITS)
-        prepared = rewrite_request(joined, spec, tenant, SECRET, None)
+        prepared = rewrite_request(joined, spec, tenant, SALTS, None)
         del joined
         sent = prepared.body
         assert sent

@@ -54,6 +54,7 @@ from gateway.proxy.upstream import (
     upstream_headers,
 )
 from gateway.routes import Kind, RouteSpec, StreamStyle
+from gateway.salts import Salts
 
 STREAM_FAILURES = (UpstreamTransportError, TimeoutError)
 # Query strings travel upstream only in this conservative RFC 3986 form (no spaces, quotes or raw non-ASCII).
@@ -63,8 +64,7 @@ DEFAULT_JSON_LIMITS = JsonLimits(max_depth=64, max_items=262_144)
 DEFAULT_BODY_TIMEOUT_S = 60.0
 
 
-@dataclass(frozen=True)
-class Relaying:
+class Relaying(msgspec.Struct, frozen=True):
     """One forwarded request from its send upstream on: its record, its context, and the client's connection."""
 
     ex: Exchange
@@ -83,7 +83,8 @@ class Proxy:
     def __init__(self, client: UpstreamClient, salt_secret: bytes, health: UpstreamHealth,
                  features: Features, miss_path: MissPath | None = None, options: ProxyOptions = ProxyOptions()) -> None:
         self.client = client
-        self.salt_secret = salt_secret
+        self.salt_secret = salt_secret  # for LMCache tags
+        self.salt_key = Salts(salt_secret)
         self.health = health
         self.features = features
         self.miss_path = miss_path
@@ -167,7 +168,7 @@ class Proxy:
         header_user = header(scope, user_header.lower().encode()) if user_header else None
         check_user_value(header_user, user_header or "user")
         user = header_user.decode("latin-1") if header_user else None
-        return rewrite_request(body, route, tenant, self.salt_secret, user)
+        return rewrite_request(body, route, tenant, self.salt_key, user)
 
     async def _relay(self, relaying: Relaying, outbound: Outbound) -> None:
         if self.miss_path is not None and self.miss_path.applies(relaying.call):

@@ -19,11 +19,13 @@ from gateway.proxy.rewrite import AFFINITY_CHARS, _text_of, prompt_prefix, rewri
 from gateway.proxy.shape import comma_count
 from gateway.reuse.fingerprint import canonical_parts
 from gateway.routes import ROUTES
+from gateway.salts import Salts
 from tests.salt_vectors import UNIT_SECRET, known_salt
 
 # Pieces whose JSON text differs from their characters: escapes, quotes, multi-byte UTF-8, astral characters.
 ATOMS = ("a", "word ", "é", "😀", "\n", '"', "\\", "/", "\u2028", "\x01", "漢", "\t")
 SECRET = UNIT_SECRET.encode()
+SALTS = Salts(SECRET)
 CHAT = ROUTES["/v1/chat/completions"]
 COMPLETIONS = ROUTES["/v1/completions"]
 
@@ -168,7 +170,7 @@ def test_repeated_top_level_keys_reach_upstream_once_with_a_kept_prompt() -> Non
             f'"stream": true, "kv_transfer_params": {{"max_load_tokens": 9}}, '
             f'"kv_transfer_params": {{"max_load_tokens": 99999}}}}').encode()
     policy = tenant(cache={"client_salt": "replace"}, offload={"max_load_tokens": 100})
-    prepared = rewrite_request(body, COMPLETIONS, policy, SECRET, None)
+    prepared = rewrite_request(body, COMPLETIONS, policy, SALTS, None)
     sent = prepared.body
     assert isinstance(prepared.request["prompt"], msgspec.Raw)
     for key in (b'"cache_salt"', b'"stream"', b'"kv_transfer_params"', b'"prompt"'):
@@ -183,7 +185,7 @@ def test_repeated_top_level_keys_reach_upstream_once_with_a_kept_prompt() -> Non
 def test_a_chat_rewrite_with_a_kept_prompt_matches_the_decoded_one() -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "z\n" * RAW_PROMPT_BYTES}]
     body = json.dumps({"model": "m", "messages": messages, "stream": True, "vllm_xargs": {"a": 1}}).encode()
-    prepared = rewrite_request(body, CHAT, tenant(), SECRET, None)
+    prepared = rewrite_request(body, CHAT, tenant(), SALTS, None)
     assert isinstance(prepared.request["messages"], msgspec.Raw)
     assert prepared.dropped_fields == ("vllm_xargs",)
     assert prepared.strip_usage
@@ -214,7 +216,7 @@ def test_a_long_field_the_gateway_reads_is_decoded_and_checked() -> None:
     """Only the prompt fields are kept as text: a long `vllm_xargs` still has its transfer door refused."""
     body = json.dumps({"prompt": LONG, "vllm_xargs": {"kv_transfer_params": {"max_load_tokens": 1}, "pad": LONG}})
     with pytest.raises(BadRequest, match=r"vllm_xargs\.kv_transfer_params"):
-        rewrite_request(body.encode(), COMPLETIONS, tenant(), SECRET, None)
+        rewrite_request(body.encode(), COMPLETIONS, tenant(), SALTS, None)
 
 
 JSON_VALUES = st.recursive(

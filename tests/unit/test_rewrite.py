@@ -11,9 +11,11 @@ from gateway.errors import BadRequest
 from gateway.policy.model import TenantPolicy
 from gateway.proxy.rewrite import rewrite_request
 from gateway.routes import ROUTES
+from gateway.salts import Salts
 from tests.salt_vectors import UNIT_SECRET, known_salt
 
 SECRET = UNIT_SECRET.encode()
+SALTS = Salts(SECRET)
 CHAT = ROUTES["/v1/chat/completions"]
 COMPLETIONS = ROUTES["/v1/completions"]
 RESPONSES = ROUTES["/v1/responses"]
@@ -25,7 +27,7 @@ def tenant(**sections: Any) -> TenantPolicy:
 
 
 def rewrite(body: dict[str, Any], policy: TenantPolicy, route: Any = CHAT, user: str | None = None) -> dict[str, Any]:
-    result = rewrite_request(json.dumps(body).encode(), route, policy, SECRET, user)
+    result = rewrite_request(json.dumps(body).encode(), route, policy, SALTS, user)
     parsed: dict[str, Any] = json.loads(result.body)
     return parsed
 
@@ -103,32 +105,32 @@ def test_rest_of_body_is_unchanged() -> None:
 
 
 def test_stream_usage_requested_upstream_and_marked_for_stripping() -> None:
-    result = rewrite_request(b'{"model":"m","prompt":"x","stream":true}', COMPLETIONS, tenant(), SECRET, None)
+    result = rewrite_request(b'{"model":"m","prompt":"x","stream":true}', COMPLETIONS, tenant(), SALTS, None)
     assert json.loads(result.body)["stream_options"] == {"include_usage": True}
     assert result.strip_usage and result.upstream_stream and result.client_stream
 
 
 def test_client_that_asked_for_usage_keeps_it() -> None:
     raw = b'{"model":"m","prompt":"x","stream":true,"stream_options":{"include_usage":true}}'
-    result = rewrite_request(raw, COMPLETIONS, tenant(), SECRET, None)
+    result = rewrite_request(raw, COMPLETIONS, tenant(), SALTS, None)
     assert not result.strip_usage
 
 
 def test_non_stream_request_never_gets_stream_options() -> None:
-    result = rewrite_request(b'{"model":"m","prompt":"x"}', COMPLETIONS, tenant(), SECRET, None)
+    result = rewrite_request(b'{"model":"m","prompt":"x"}', COMPLETIONS, tenant(), SALTS, None)
     assert "stream_options" not in json.loads(result.body)
     assert not result.upstream_stream
 
 
 def test_measure_ttft_streams_upstream_for_non_streaming_clients() -> None:
-    result = rewrite_request(b'{"model":"m","prompt":"x"}', COMPLETIONS, tenant(measure_ttft=True), SECRET, None)
+    result = rewrite_request(b'{"model":"m","prompt":"x"}', COMPLETIONS, tenant(measure_ttft=True), SALTS, None)
     body = json.loads(result.body)
     assert result.assemble and result.upstream_stream and not result.client_stream
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
 
 
 def test_responses_api_gets_no_stream_options() -> None:
-    result = rewrite_request(b'{"model":"m","input":"x","stream":true}', RESPONSES, tenant(), SECRET, None)
+    result = rewrite_request(b'{"model":"m","input":"x","stream":true}', RESPONSES, tenant(), SALTS, None)
     assert "stream_options" not in json.loads(result.body)
 
 
@@ -141,4 +143,4 @@ def test_embeddings_get_the_salt_but_no_transfer_params() -> None:
 @pytest.mark.parametrize("raw", [b"{", b"[1,2]", b'"text"', b""])
 def test_non_object_bodies_are_refused(raw: bytes) -> None:
     with pytest.raises(BadRequest):
-        rewrite_request(raw, CHAT, tenant(), SECRET, None)
+        rewrite_request(raw, CHAT, tenant(), SALTS, None)

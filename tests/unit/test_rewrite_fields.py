@@ -16,9 +16,11 @@ from gateway.policy.model import TenantPolicy
 from gateway.proxy.rawprompt import parse_json_object
 from gateway.proxy.rewrite import AFFINITY_CHARS, RewrittenRequest, lmcache_entries, prompt_prefix, rewrite_request
 from gateway.routes import ROUTES
+from gateway.salts import Salts
 from tests.salt_vectors import UNIT_SECRET, known_salt
 
 SECRET = UNIT_SECRET.encode()
+SALTS = Salts(SECRET)
 ACME_SALT = known_salt(UNIT_SECRET, "acme", 1)
 
 
@@ -28,14 +30,14 @@ def tenant(**sections: Any) -> TenantPolicy:
 
 def run(body: dict[str, Any], policy: TenantPolicy | None = None, path: str = "/v1/completions",
         header_user: str | None = None) -> RewrittenRequest:
-    return rewrite_request(json.dumps(body).encode(), ROUTES[path], policy or tenant(), SECRET, header_user)
+    return rewrite_request(json.dumps(body).encode(), ROUTES[path], policy or tenant(), SALTS, header_user)
 
 
 def refusal(body: dict[str, Any] | bytes, policy: TenantPolicy | None = None,
             path: str = "/v1/completions") -> BadRequest:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     with pytest.raises(BadRequest) as raised:
-        rewrite_request(raw, ROUTES[path], policy or tenant(), SECRET, None)
+        rewrite_request(raw, ROUTES[path], policy or tenant(), SALTS, None)
     return raised.value
 
 

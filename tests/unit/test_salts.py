@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.salts import derive_salt
+from gateway.salts import Salts, derive_salt
 from tests.salt_vectors import KNOWN_SALTS, SaltKey
 
 
@@ -27,3 +27,18 @@ def test_the_user_form_appends_the_user() -> None:
 def test_an_empty_user_is_still_a_user_form() -> None:
     """`tenant:epoch:` differs from `tenant:epoch`: only None means 'no user'."""
     assert derive_salt(b"k", "acme", 3, "") != derive_salt(b"k", "acme", 3)
+
+
+@pytest.mark.parametrize("key", sorted(KNOWN_SALTS, key=repr))
+def test_the_request_path_deriver_matches_the_known_answer(key: SaltKey) -> None:
+    secret, tenant, epoch, user = key
+    assert Salts(secret.encode()).derive(tenant, epoch, user) == KNOWN_SALTS[key]
+
+
+@pytest.mark.parametrize("secret", [b"", b"k", b"k" * 63, b"k" * 64, b"k" * 65, bytes(range(256)) * 2])
+@pytest.mark.parametrize("user", [None, "", "u1", "ünï"])
+def test_the_request_path_deriver_is_hmac_for_every_secret_length(secret: bytes, user: str | None) -> None:
+    """Secrets shorter than, equal to and longer than SHA-256's 64-byte block (HMAC hashes a longer one first)."""
+    salts = Salts(secret)
+    assert salts.derive("acme", 3, user) == derive_salt(secret, "acme", 3, user)
+    assert salts.derive("acme", 3, user) == salts.derive("acme", 3, user)  # its key states are copied, never used up

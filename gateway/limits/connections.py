@@ -200,10 +200,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
 
 class ChunkedBodyWriter:
-    """`write` is the `BodyWriter` (gateway/asgi/body_writer.py) of one uvicorn request cycle (a bound method: a
-    call through `__call__` costs more per event): a body chunk framed and written
-    exactly as the cycle's `send` writes a body message with more to follow, whenever that `send` would write at
-    once; otherwise False, and the caller sends the message."""
+    """The `BodyWriter` (gateway/asgi/body_writer.py) of one uvicorn request cycle is `write`, a bound method (a
+    call through `__call__` costs more per event). It frames and writes a body chunk exactly as the cycle's `send`
+    writes a body message with more to follow, whenever that `send` would write at once; otherwise it returns
+    False, and the caller sends the message."""
 
     __slots__ = ("_cycle",)
 

@@ -84,7 +84,7 @@ class Proxy:
                  features: Features, miss_path: MissPath | None = None, options: ProxyOptions = ProxyOptions()) -> None:
         self.client = client
         self.salt_secret = salt_secret  # for LMCache tags
-        self.salt_key = Salts(salt_secret)
+        self.salts = Salts(salt_secret)
         self.health = health
         self.features = features
         self.miss_path = miss_path
@@ -168,7 +168,7 @@ class Proxy:
         header_user = header(scope, user_header.lower().encode()) if user_header else None
         check_user_value(header_user, user_header or "user")
         user = header_user.decode("latin-1") if header_user else None
-        return rewrite_request(body, route, tenant, self.salt_key, user)
+        return rewrite_request(body, route, tenant, self.salts, user)
 
     async def _relay(self, relaying: Relaying, outbound: Outbound) -> None:
         if self.miss_path is not None and self.miss_path.applies(relaying.call):

@@ -246,8 +246,9 @@ def run(config: Config, work: Path) -> list[Count]:
 
 
 def summary(counts: Sequence[Count]) -> dict[str, Any]:
-    """Median instructions per request per proxy and length; the fixed and per-event split where two lengths
-    were measured; each proxy against floor-asgi where it ran."""
+    """Instructions per request per proxy and length, the upper median of the rounds (with two rounds, the larger
+    count); the fixed and per-event split where two lengths were measured; each proxy against floor-asgi where it
+    ran."""
     table: dict[str, dict[int, float]] = {}
     events: dict[str, dict[int, float]] = {}
     for target in dict.fromkeys(c.target for c in counts):
@@ -272,7 +273,7 @@ def print_table(result: dict[str, Any]) -> None:
     per_request, split = result["per_request"], result["split"]
     lengths = sorted({int(k) for row in per_request.values() for k in row})
     floor = per_request.get("floor-asgi", {})
-    print("instructions per streamed request (millions; median of rounds)")
+    print("instructions per streamed request (millions; upper median of rounds)")
     print(f"{'proxy':<18}" + "".join(f"{f'{n} tok':>10}{'× floor':>9}" for n in lengths)
           + (f"{'fixed':>10}{'per event':>11}" if split else ""))
     for target, row in per_request.items():

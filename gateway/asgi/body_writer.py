@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gateway.asgi.io import Scope
+from gateway.asgi.io import Scope, scope_extension
 
 BODY_WRITER_EXTENSION = "kvgate.body_writer"
 
@@ -30,7 +30,5 @@ class BodyWriter(Protocol):
 
 
 def body_writer(scope: Scope) -> BodyWriter | None:
-    extensions = scope.get("extensions")
-    extension = extensions.get(BODY_WRITER_EXTENSION) if extensions else None
-    writer = extension.get("write") if isinstance(extension, dict) else None
+    writer = scope_extension(scope, BODY_WRITER_EXTENSION, "write")
     return writer if callable(writer) else None

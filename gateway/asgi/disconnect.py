@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Callable
 from types import TracebackType
 
-from gateway.asgi.io import Receive, Scope, wait_disconnect
+from gateway.asgi.io import Receive, Scope, scope_extension, wait_disconnect
 
 DISCONNECT_EXTENSION = "kvgate.disconnect"
 
@@ -35,9 +35,7 @@ class DisconnectNotice:
 
 
 def disconnect_notice(scope: Scope) -> DisconnectNotice | None:
-    extensions = scope.get("extensions")
-    extension = extensions.get(DISCONNECT_EXTENSION) if extensions else None
-    notice = extension.get("notice") if isinstance(extension, dict) else None
+    notice = scope_extension(scope, DISCONNECT_EXTENSION, "notice")
     return notice if isinstance(notice, DisconnectNotice) else None
 
 

@@ -16,6 +16,13 @@ class ClientDisconnected(Exception):
     """The client went away before the request body was complete."""
 
 
+def scope_extension(scope: Scope, name: str, key: str) -> object | None:
+    """The value under `key` of the scope's extension `name` (ASGI: one dict per extension); None when absent."""
+    extensions = scope.get("extensions")
+    extension = extensions.get(name) if extensions else None
+    return extension.get(key) if isinstance(extension, dict) else None
+
+
 def header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope["headers"]:
         if key == name:

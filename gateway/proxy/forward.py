@@ -29,7 +29,6 @@ from gateway.asgi.io import (
     send_body,
     start_message,
 )
-from gateway.connectors.lmcache_tags import body_for_pool
 from gateway.errors import BadRequest, GatewayError, RequestTimeout, UnsupportedMediaType, openai_error_body
 from gateway.metrics import ChildCache
 from gateway.outcomes import Outcome
@@ -41,7 +40,7 @@ from gateway.proxy.features import Admitted, Call, Features, Finish, Inbound, Ou
 from gateway.proxy.misspath import Failure, MissPath, peek_stream
 from gateway.proxy.rawprompt import parse_json_object
 from gateway.proxy.record import Exchange
-from gateway.proxy.rewrite import RewrittenRequest, lmcache_entries, rewrite_request
+from gateway.proxy.rewrite import RewrittenRequest, encode_for_pool, rewrite_request
 from gateway.proxy.rollout import choose_pool
 from gateway.proxy.shape import JsonLimits, check_json_shape, check_user_value
 from gateway.proxy.sse import StreamWatch, usage_from_json
@@ -135,8 +134,7 @@ class Proxy:
         target = route.path + (f"?{query.decode('ascii')}" if query else "")
         headers = upstream_headers(scope["headers"], policies.pool_auth(ex.pool), ex.request_id)
         if prepared is not None:
-            body = (body_for_pool(prepared.request, lmcache_entries(prepared.request, route, tenant, self.salt_secret),
-                                  pool) if pool.lmcache else prepared.body)
+            body = encode_for_pool(prepared, route, tenant, self.salt_secret, pool)
         sent_body = body if scope["method"] == "POST" else None
         return call, Outbound(scope["method"], candidates, target, headers, sent_body)
 

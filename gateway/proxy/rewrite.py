@@ -10,9 +10,9 @@ from typing import Any
 
 import msgspec
 
-from gateway.connectors.lmcache_tags import lmcache_params
+from gateway.connectors.lmcache_tags import body_for_pool, lmcache_params
 from gateway.errors import BadRequest
-from gateway.policy.model import OffloadPolicy, TenantPolicy
+from gateway.policy.model import OffloadPolicy, PoolConfig, TenantPolicy
 from gateway.proxy.rawprompt import HEAD_BYTES, decode_request, decoded, decoded_head
 from gateway.proxy.shape import check_user_value
 from gateway.routes import Kind, RouteSpec, StreamStyle
@@ -73,6 +73,15 @@ def rewrite_request(
         affinity=f"{request.get('cache_salt', tenant.tenant)}:{prompt_prefix(request)}",
         dropped_fields=tuple(dropped),
     )
+
+
+def encode_for_pool(prepared: RewrittenRequest, route: RouteSpec, tenant: TenantPolicy, secret: bytes,
+                    pool: PoolConfig) -> bytes:
+    """The rewritten request as it goes to `pool` (the primary's or the shadow's): with the `lmcache.*` entries only
+    when that pool runs LMCache, computed from the request as it is sent, after the features."""
+    if not pool.lmcache:
+        return prepared.body
+    return body_for_pool(prepared.request, lmcache_entries(prepared.request, route, tenant, secret), pool)
 
 
 def lmcache_entries(request: dict[str, Any], route: RouteSpec, tenant: TenantPolicy, secret: bytes) -> dict[str, Any]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import time
 
-from gateway.connectors.lmcache_tags import body_for_pool
 from gateway.outcomes import Outcome
 from gateway.proxy.features import Call, Finish, Outbound, RequestFeature
 from gateway.proxy.record import Exchange
-from gateway.proxy.rewrite import lmcache_entries
+from gateway.proxy.rewrite import encode_for_pool
 from gateway.routes import Kind
 from gateway.shadow.compare import ArmResult, generated_text
 from gateway.shadow.runner import PrimarySlot, ShadowCall, ShadowRunner
@@ -33,9 +32,7 @@ class ShadowFeature(RequestFeature):
         shadow_pool = call.policies.gateway.pools.get(call.tenant.shadow.pool or "")
         if shadow_pool is not None and (shadow_pool.lmcache or call.pool.lmcache):
             # The tag only where LMCache runs (the primary's body may carry it for its own pool).
-            entries = lmcache_entries(prepared.request, call.route, call.tenant, self.salt_secret) \
-                if shadow_pool.lmcache else {}
-            body = body_for_pool(prepared.request, entries, shadow_pool)
+            body = encode_for_pool(prepared, call.route, call.tenant, self.salt_secret, shadow_pool)
         mirrored = ShadowCall(tenant=call.tenant.tenant, primary_pool=ex.pool, path=call.route.path,
                               request_id=shadow_id, headers={**outbound.headers, "x-request-id": shadow_id},
                               body=body, streamed=prepared.upstream_stream,

@@ -2,8 +2,11 @@
 
 Layout: fast upstreams (loadtests.fast_upstream, one process per upstream core, all in the tenant's pool),
 the gateway (its parent and each worker pinned to a core of its own out of --gateway-cores; N = 1 is the
-plain single-process server, the baseline), and several load-generator processes (this module's `generate`
-mode, closed-loop streaming clients from loadtests.loadgen, pinned to --client-cores). Loopback only. For
+plain single-process server, the baseline), and the load on --client-cores: with `--generator python` (the
+default) one process per core (this module's `generate` mode, closed-loop streaming clients from
+loadtests.loadgen, which time TTFT); with `--generator wrk`, wrk's threads (loadtests/wrk_load.py: a small
+fraction of the CPU per answer, so eight workers can be loaded from a 16-core host; no TTFT, the latency of
+whole answers instead). Loopback only. For
 each N the generators keep `--streams-per-worker × N` streams busy; after a warm-up, requests completed in a
 fixed window are counted. Reported per N: requests/s, the efficiency rps(N) / (N × rps(1)) against the issue's
 0.85 target, client TTFT p50, and the CPU of every part (gateway workers, upstreams, generators, as cores busy)
@@ -33,9 +36,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +47,7 @@ import yaml
 
 from gateway.devtools.localproc import ServerProcess, free_port, kvgate_command, run_server
 from gateway.keys import hash_key, new_key
-from loadtests import loadgen, procstat
+from loadtests import loadgen, procstat, wrk_load
 from loadtests.loadgen import Target
 from loadtests.results import write_json
 
@@ -76,6 +79,7 @@ class Config:
     listen: str = "shared"  # KVGATE_WORKERS_LISTEN
     independent: bool = False  # the control: N single-process gateways instead of one with N workers
     shared_cores: bool = False  # small boxes only: the parts may share cores (the figures then say so)
+    generator: str = "python"  # "python": loadgen processes (TTFT measured); "wrk": wrk (cheap; no TTFT)
 
 
 def parse_cores(text: str) -> list[int]:
@@ -110,12 +114,17 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                         help="the control: N separate single-process gateways instead of --workers N")
     parser.add_argument("--allow-shared-cores", action="store_true",
                         help="let the core sets overlap (a smoke run on a small box; not a measurement)")
+    parser.add_argument("--generator", choices=["python", "wrk"], default="python",
+                        help="python: loadgen processes, one per client core (they time TTFT, and cost about "
+                             "as much CPU per answer as the gateway); wrk: wrk threads on the client cores "
+                             "(loadtests/wrk_load.py; a fraction of the CPU, no TTFT)")
     args = parser.parse_args(argv)
     client_cores = parse_cores(args.client_cores)
     return Config(sorted({int(n) for n in args.workers.split(",")}), parse_cores(args.gateway_cores),
                   parse_cores(args.upstream_cores), client_cores, args.clients or len(client_cores),
                   args.streams_per_worker, args.warmup_s, args.duration_s, args.rounds, args.tokens, args.token_ms,
-                  args.ttft_ms, args.log_level, args.out, args.listen, args.independent, args.allow_shared_cores)
+                  args.ttft_ms, args.log_level, args.out, args.listen, args.independent, args.allow_shared_cores,
+                  args.generator)
 
 
 def check_cores(config: Config) -> None:
@@ -237,6 +246,7 @@ class Generated:
     ttft_p50_ms: float
     ttft_p99_ms: float
     cpu_s: float  # this generator's own CPU in the window
+    answer_p50_ms: float = math.nan  # whole answers (wrk reports these instead of TTFT)
 
 
 def start_generators(config: Config, url: str, key: str, streams: int, start_at: float,
@@ -298,6 +308,7 @@ class Measured:
     upstream_busy: list[float]
     generator_busy: list[float]
     warnings: list[str]
+    answer_p50_ms: float = math.nan  # whole answers: what wrk times in place of TTFT
 
 
 def cpu_of(pids: Sequence[int]) -> list[float]:
@@ -338,29 +349,78 @@ def measure(config: Config, workers: int, upstream_list: list[ServerProcess], wo
         urls = [f"{base}/v1/chat/completions" for base in bases]
         for url in urls:
             sanity(url, key)
-        start_at = time.time() + 1.0
-        generators = start_generators(config, ",".join(urls), key, config.streams_per_worker * workers, start_at,
-                                      work)
         upstream_pids = [up.popen.pid for up in upstream_list]
 
         def now() -> Window:
             parent_cpu = procstat.process_cpu_s(parent) if parent is not None else 0.0
             return Window(cpu_of(pids), cpu_of(upstream_pids), parent_cpu, time.monotonic())
 
-        time.sleep(max(0.0, start_at + config.warmup_s - time.time()))  # to the window's start
-        cores_before = procstat.core_busy_s()
-        first = now()
-        time.sleep(config.duration_s)  # the window
-        last = now()
-        cores_after = procstat.core_busy_s()
-        results = [collect(generator) for generator in generators]
+        drive = drive_wrk if config.generator == "wrk" else drive_python
+        driven = drive(config, Load(urls, key, config.streams_per_worker * workers, work), now)
+    return measured(config, workers, driven)
+
+
+@dataclass(frozen=True)
+class Load:
+    urls: list[str]
+    key: str
+    streams: int
+    work: Path
+
+
+@dataclass(frozen=True)
+class Driven:
+    first: Window  # CPU at the window's start and end
+    last: Window
+    core_busy_s: dict[int, float]  # seconds each core ran tasks in the window
+    results: list[Generated]
+
+
+def drive_python(config: Config, load: Load, now: Callable[[], Window]) -> Driven:
+    start_at = time.time() + 1.0
+    generators = start_generators(config, ",".join(load.urls), load.key, load.streams, start_at, load.work)
+    time.sleep(max(0.0, start_at + config.warmup_s - time.time()))  # to the window's start
+    cores_before = procstat.core_busy_s()
+    first = now()
+    time.sleep(config.duration_s)  # the window
+    last = now()
+    cores_after = procstat.core_busy_s()
+    results = [collect(generator) for generator in generators]
+    return Driven(first, last, {core: cores_after[core] - cores_before[core] for core in cores_after}, results)
+
+
+def drive_wrk(config: Config, load: Load, now: Callable[[], Window]) -> Driven:
+    """A warm-up run of wrk, then the measured one: the window is that run, from its start to its exit."""
+    script = wrk_load.write_script(load.work)
+    bodies = load.work / "bodies.jsonl"
+    bodies.write_bytes(b"\n".join(request_body(config, stream) for stream in range(load.streams)))
+    threads = max(1, len(config.client_cores) // len(load.urls))
+    runs = [wrk_load.WrkRun(url, load.key, bodies, load.streams // len(load.urls), threads, config.duration_s)
+            for url in load.urls]
+    timeout_s = config.warmup_s + config.duration_s + READY_TIMEOUT_S
+    warming = [wrk_load.start(replace(run, duration_s=config.warmup_s), script, config.client_cores) for run in runs]
+    for process in warming:
+        wrk_load.finish(process, timeout_s)
+    cores_before = procstat.core_busy_s()
+    first = now()
+    measuring = [wrk_load.start(run, script, config.client_cores) for run in runs]
+    finished = [wrk_load.finish(process, timeout_s) for process in measuring]
+    last = now()
+    cores_after = procstat.core_busy_s()
+    results = [Generated(r.completed, r.errors, r.window_s, math.nan, math.nan, r.cpu_s, r.answer_p50_ms)
+               for r in finished]
+    return Driven(first, last, {core: cores_after[core] - cores_before[core] for core in cores_after}, results)
+
+
+def measured(config: Config, workers: int, driven: Driven) -> Measured:
+    first, last, results = driven.first, driven.last, driven.results
     window = last.at - first.at
     worker_busy = [(b - a) / window for a, b in zip(first.workers, last.workers, strict=True)]
     parent_busy = (last.parent - first.parent) / window
     upstream_busy = [(b - a) / window for a, b in zip(first.upstreams, last.upstreams, strict=True)]
     generator_busy = [result.cpu_s / result.window_s for result in results]
     warnings = [f"generator {index} was {busy:.0%} busy: the load may be generator-bound"
-                for index, busy in enumerate(generator_busy) if busy > SATURATED]
+                for index, busy in enumerate(generator_busy) if busy > SATURATED * generator_cores(config)]
     warnings += [f"upstream {index} was {busy:.0%} busy: the load may be upstream-bound"
                  for index, busy in enumerate(upstream_busy) if busy > SATURATED]
     warnings += [f"worker {index} was only {busy:.0%} busy: the gateway was not the limit (more streams?)"
@@ -369,14 +429,21 @@ def measure(config: Config, workers: int, upstream_list: list[ServerProcess], wo
     if errors:
         warnings.append(f"{errors} requests failed")
     gateway_busy = sum(worker_busy) + parent_busy
-    cores_busy = sum(cores_after[core] - cores_before[core] for core in config.gateway_cores[:workers]) / window
+    cores_busy = sum(driven.core_busy_s[core] for core in config.gateway_cores[:workers]) / window
     foreign = max(0.0, cores_busy - gateway_busy)
     if foreign > 0.1 * workers:
         warnings.append(f"other processes used {foreign:.2f} cores of the gateway's cores")
     rate = sum(result.completed / result.window_s for result in results)
     return Measured(workers, rate, errors, statistics.median(result.ttft_p50_ms for result in results),
                     gateway_busy, gateway_busy / rate * 1000 if rate else math.nan, foreign, worker_busy,
-                    upstream_busy, generator_busy, warnings)
+                    upstream_busy, generator_busy, warnings,
+                    statistics.median(result.answer_p50_ms for result in results))
+
+
+def generator_cores(config: Config) -> float:
+    """Cores one generator process may use: one for a Python generator; a wrk process runs a thread per client
+    core it was given."""
+    return 1.0 if config.generator == "python" else float(max(1, len(config.client_cores)))
 
 
 def collect(generator: subprocess.Popen[bytes]) -> Generated:
@@ -415,16 +482,24 @@ def report(config: Config, runs: dict[int, list[Measured]]) -> dict[str, Any]:
             "host_cpus": os.cpu_count(), "rows": rows}
 
 
+def client_latency(row: dict[str, Any]) -> str:
+    """TTFT where the generators timed it (Python), else the whole answer's latency (wrk)."""
+    ttft, answer = row["ttft_p50_ms"], row.get("answer_p50_ms", math.nan)
+    if not math.isnan(ttft):
+        return f"TTFT {ttft:.2f} ms"
+    return f"answer {answer:.2f} ms" if not math.isnan(answer) else "not measured"
+
+
 def markdown(result: dict[str, Any]) -> str:
     what = "gateways" if result["config"]["independent"] else "workers"
-    lines = [f"| {what} | requests/s | ÷ (N × rps(1)) | client TTFT p50 | gateway cores busy | "
+    lines = [f"| {what} | requests/s | ÷ (N × rps(1)) | client latency p50 | gateway cores busy | "
              "gateway CPU per request | per worker | upstreams busy | generators busy | others on gateway cores | "
              "errors |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         efficiency = "unknown (no N=1 run)" if row["efficiency"] is None else f"{row['efficiency']:.3f}"
         lines.append(
-            f"| {row['workers']} | {row['requests_per_s']:.0f} | {efficiency} | {row['ttft_p50_ms']:.2f} ms | "
+            f"| {row['workers']} | {row['requests_per_s']:.0f} | {efficiency} | {client_latency(row)} | "
             f"{row['gateway_cores_busy']:.2f} | {row['gateway_cpu_ms_per_request']:.3f} ms | "
             f"{', '.join(f'{b:.0%}' for b in row['worker_busy'])} | "
             f"{', '.join(f'{b:.0%}' for b in row['upstream_busy'])} | "
@@ -436,7 +511,8 @@ def markdown(result: dict[str, Any]) -> str:
          else f"# kvgate serve --workers N: throughput (target ≥ {TARGET_EFFICIENCY} × N × rps(1))"), "",
         f"Host CPUs: {result['host_cpus']}; gateway cores {config['gateway_cores']}, upstream cores "
         f"{config['upstream_cores']}, client cores {config['client_cores']} ({config['clients']} generator "
-        f"processes); {config['streams_per_worker']} streams per worker; streamed chat, {config['tokens']} tokens, "
+        f"{'processes' if config['generator'] == 'python' else 'cores for wrk'}); "
+        f"{config['streams_per_worker']} streams per worker; streamed chat, {config['tokens']} tokens, "
         f"TTFT {config['ttft_ms']} ms, {config['token_ms']} ms apart; {config['warmup_s']} s warm-up, "
         f"{config['duration_s']} s window, {config['rounds']} round(s) (the median round by rate; the upper one of "
         f"two); listening: {config['listen']}.",

@@ -4,12 +4,14 @@
 # network, so everything it needs travels in the carried stage folder:
 #   bash scripts/gpu/perf_stage.sh            # here: wheels for Python 3.12 + nginx .debs into .stage/perf
 #   carry [".stage/perf"]; command: bash scripts/gpu/perf.sh STEP [STEP ...]
-# Steps (each writes into $OUT): check, overhead, before, events, prompt, idle, workers, clients, shadow. Core sets below
+# Steps (each writes into $OUT): check, overhead, before, events, prompt, idle, workers, contention, clients, shadow. Core sets below
 # keep the process under test on its own cores, away from the upstream and the load generators.
 #   before: the overhead benchmark with an earlier tree's gateway/ and loadtests/ (BEFORE, default .stage/before,
 #           made with `git archive <commit> gateway loadtests | tar -x -C .stage/before`; carry it too)
 #   events: the overhead benchmark at c=32 with one token per answer (EVENTS_ARGS), to split the per-request
 #           cost into its fixed part and its per-event part against the 64-token run
+#   contention: how much slower one core runs the same Python work while 1, 3, 7, 15 other cores do too
+#           (loadtests/core_contention.py; CONTENTION_ARGS), the host's share of the `--workers N` ratio
 #   clients: CPU per streamed answer read by kvgate's upstream client, aiohttp and pyreqwest (loadtests/shadow_read.py)
 #   (OVERHEAD_ARGS="--granian ..." adds kvgate's app served by granian to the overhead run)
 set -uo pipefail
@@ -21,12 +23,14 @@ mkdir -p "$OUT" /tmp/ngx
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$STAGE"/whl/*.whl \
   || exit 1
 for deb in "$STAGE"/deb/*.deb; do dpkg -x "$deb" /tmp/ngx; done
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:/tmp/ngx/usr/sbin:$PATH PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:/tmp/ngx/usr/sbin:/tmp/ngx/usr/bin:$PATH PYTHONUNBUFFERED=1
+# wrk's LuaJIT, unpacked beside it (only wrk links it)
+export LD_LIBRARY_PATH=/tmp/ngx/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 step() {
   case "$1" in
     check)
-      { nproc; python3 -V; nginx -v 2>&1; taskset -pc $$; vllm-router --help | head -3
+      { nproc; python3 -V; nginx -v 2>&1; wrk --version 2>&1 | head -1; taskset -pc $$; vllm-router --help | head -3
         python3 -c "import gateway, uvloop, vllm_router_rs, granian, pyreqwest; print('imports ok')"; } 2>&1 | tee "$OUT/check.txt" ;;
     overhead)
       python3 -m loadtests.proxy_overhead --out "$OUT/overhead.json" --rounds "$ROUNDS" --duration "$DURATION" \
@@ -44,6 +48,9 @@ step() {
       python3 -m loadtests.prompt_size --out "$OUT/prompt.json" ${PROMPT_ARGS:-} 2>&1 | tee "$OUT/prompt.log" ;;
     workers)
       python3 -m loadtests.workers_scaling --out "$OUT/workers" ${WORKERS_ARGS:-} 2>&1 | tee "$OUT/workers.log" ;;
+    contention)
+      python3 -m loadtests.core_contention --out "$OUT/contention.json" ${CONTENTION_ARGS:-} 2>&1 \
+        | tee "$OUT/contention.log" ;;
     clients)
       python3 -m loadtests.shadow_read --duration "$DURATION" ${CLIENTS_ARGS:-} 2>&1 | tee "$OUT/clients.log" ;;
     shadow)

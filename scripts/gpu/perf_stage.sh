@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stage what scripts/gpu/perf.sh needs on a host without network: kvgate's runtime wheels, the `compare` extra's
-# candidates and the Rust vllm-router for CPython 3.12 on x86-64, and Debian's nginx packages (unpacked there with dpkg -x, not installed).
+# candidates and the Rust vllm-router for CPython 3.12 on x86-64, and Debian's nginx and wrk packages (unpacked there with dpkg -x, not installed).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DEST=${STAGE:-$ROOT/.stage}/perf
@@ -21,5 +21,6 @@ for tag in manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_17 manylinux
 done
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp "${PLATFORMS[@]}" \
   -d "$DEST/whl" -r "$REQS"
-(cd "$DEST/deb" && apt-get download nginx nginx-common)
+# wrk and its LuaJIT: the cheap load generator of `workers_scaling --generator wrk`
+(cd "$DEST/deb" && apt-get download nginx nginx-common wrk libluajit2-5.1-2 libluajit2-5.1-common)
 du -sh "$DEST"/*

@@ -390,7 +390,7 @@ class ClientSink:
         self.ex = ex
         self.watch = watch
         self.send = send
-        self.write = write
+        self.write = write if write is not None else _declines  # never None: one test fewer per read
 
     def pass_on(self, chunk: bytes) -> Step | None:
         """The `Sink`: a bound method, cheaper per read than an instance's `__call__`."""
@@ -400,9 +400,14 @@ class ClientSink:
             ex.ttft_s = time.perf_counter() - ex.started
         if ex.capture is not None:
             ex.capture += chunk
-        if not forward or (self.write is not None and self.write(forward)):
+        if not forward or self.write(forward):
             return None
         return run_until_blocked(self.send({"type": "http.response.body", "body": forward, "more_body": True}))
+
+
+def _declines(body: bytes) -> bool:
+    """ClientSink's writer where the server offers none: every body goes through `send`."""
+    return False
 
 
 def content_encoding(response: UpstreamResponse) -> str:

@@ -338,15 +338,18 @@ class Proxy:
         ex, client = relaying.ex, relaying.client
         await client.send(start_message(200, self._headers(ex, response, time.perf_counter())))
         watch = StreamWatch(prepared.strip_usage)
-        sink = ClientSink(ex, watch, client.server_send, body_writer(client.scope)).pass_on
+        client_sink = ClientSink(ex, watch, client.server_send, body_writer(client.scope))
+        sink = client_sink.pass_on
         if self.client_stalls is not None:
             response.on_pause = self.client_stalls.get(ex.tenant).inc
         try:
             for chunk in preread:  # held back by the miss path until the stream showed content
                 if (rest := sink(chunk)) is not None:
                     await rest
-            await response.pump(sink)  # every later read is passed on from the connection's read callback
-            tail = watch.flush()
+            # Every later read is passed on from the connection's read callback, but the last: it goes out in
+            # the same write as the terminating chunk below.
+            last = await response.pump(sink, keep_last=True)
+            tail = client_sink.last(last) + watch.flush()
         except STREAM_FAILURES as error:
             ex.outcome = Outcome.UPSTREAM_FAILED_MID_STREAM
             tail = stream_error_event(relaying.call.route, f"Upstream stream failed: {type(error).__name__}.")
@@ -403,6 +406,21 @@ class ClientSink:
         if not forward or self.write(forward):
             return None
         return run_until_blocked(self.send({"type": "http.response.body", "body": forward, "more_body": True}))
+
+
+    def last(self, chunk: bytes) -> bytes:
+        """The stream's last read (UpstreamConnection.pump's `keep_last`), watched as every read is: the bytes to
+        write with the end of the response, not on their own. (`pass_on`'s first half, repeated rather than
+        called from there: that runs per event.)"""
+        if not chunk:
+            return b""
+        ex = self.ex
+        forward, first = self.watch.feed(chunk)
+        if first:
+            ex.ttft_s = time.perf_counter() - ex.started
+        if ex.capture is not None:
+            ex.capture += chunk
+        return forward
 
 
 def _declines(body: bytes) -> bool:

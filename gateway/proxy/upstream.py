@@ -155,6 +155,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._sink: Sink | None = None  # set while `pump` hands the body on from the read callback
         self._sink_error: Exception | None = None
         self._sink_rest: Coroutine[Any, Any, None] | None = None  # what a sink left for `pump` to finish
+        self._keep_last = False  # `pump(keep_last=True)`: the read that completes the body goes to its caller
         self.on_pause: Callable[[], None] | None = None  # told each time reading pauses for the relay to catch up
 
     # -- asyncio.Protocol -----------------------------------------------------------------------------
@@ -228,6 +229,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._keep_last:
+            self._sink = None  # this read stays buffered, for `pump` to return (checked once per body, not per read)
         self._finish(self._parser.should_keep_alive())
 
     def _pass_on(self, sink: Sink, body: bytes) -> None:
@@ -288,11 +291,16 @@ class UpstreamConnection(asyncio.Protocol):
                 return b""
             await self._wait()
 
-    async def pump(self, sink: Sink) -> None:
+    async def pump(self, sink: Sink, keep_last: bool = False) -> bytes:
         """Hand every body byte to `sink` inside the read callback, as it arrives, until the body is complete: the
         caller's task sleeps meanwhile instead of waking once per read. When the sink returns a coroutine (it
         must wait), the task awaits it, then passes on what was buffered meanwhile. An error `sink` raises is
-        raised here."""
+        raised here.
+
+        With `keep_last`, the bytes of the read that completes the body are returned instead of handed to `sink`
+        (b"" when that read held none): the relay writes them with the end of its own response, one client write
+        where there were two (the last event, then the terminating chunk)."""
+        self._keep_last = keep_last
         try:
             while True:
                 if self._sink_rest is not None:
@@ -302,17 +310,20 @@ class UpstreamConnection(asyncio.Protocol):
                 if self._sink_error is not None:
                     raise self._sink_error
                 if self._body:  # what arrived before the pump started, or while the sink waited
+                    if keep_last and self.complete:
+                        return self.take()
                     self._pass_on(sink, self.take())
                     continue
                 if self.error is not None:
                     raise self.error
                 if self.complete:
-                    return
+                    return b""
                 self._sink = sink
                 await self._wait()
                 self._sink = None
         finally:
             self._sink = None
+            self._keep_last = False
             if self._sink_rest is not None:  # cancelled before it was awaited: close it, never leave it pending
                 self._sink_rest.close()
                 self._sink_rest = None
@@ -424,10 +435,11 @@ class UpstreamResponse:
         """Whether the body buffered so far made the connection stop reading from the upstream."""
         return self._connection is not None and self._connection.reading_paused
 
-    async def pump(self, sink: Sink) -> None:
-        """The rest of the body, handed to `sink` from the connection's read callback (UpstreamConnection.pump)."""
+    async def pump(self, sink: Sink, keep_last: bool = False) -> bytes:
+        """The rest of the body, handed to `sink` from the connection's read callback; with `keep_last`, the last
+        read's bytes are returned instead (UpstreamConnection.pump)."""
         assert self._connection is not None
-        await self._connection.pump(sink)
+        return await self._connection.pump(sink, keep_last)
 
     async def read(self) -> bytes:
         parts = []

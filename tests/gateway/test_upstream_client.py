@@ -210,6 +210,53 @@ def test_pump_hands_each_read_to_the_sink_as_it_arrives_and_the_connection_is_re
     asyncio.run(serve(stream_in_pieces, calls))
 
 
+def test_pump_keeping_the_last_read_returns_it_instead_of_handing_it_to_the_sink() -> None:
+    """The relay writes the read that completes a stream together with the end of its response: `keep_last` hands
+    every earlier read to the sink and returns that one; a body that arrived whole before the pump started is
+    returned whole; without `keep_last` the sink gets every read and the pump returns nothing."""
+    first_taken = asyncio.Event()
+
+    async def stream_in_two_reads(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
+        head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+        if index == 1:  # the whole answer in one write, with the head
+            writer.write(head + b"9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n")
+            await writer.drain()
+            return
+        writer.write(head + b"9\r\ndata: 1\n\n\r\n")
+        await writer.drain()
+        await first_taken.wait()
+        writer.write(b"9\r\ndata: 2\n\n\r\n9\r\ndata: 3\n\n\r\n0\r\n\r\n")
+        await writer.drain()
+
+    async def pumped(response: UpstreamResponse, keep_last: bool) -> tuple[list[bytes], bytes]:
+        taken: list[bytes] = []
+
+        def sink(chunk: bytes) -> None:
+            taken.append(chunk)
+            first_taken.set()
+
+        returned = await response.pump(sink, keep_last=keep_last)
+        response.release()
+        return taken, returned
+
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = new_client()
+        first_taken.clear()
+        response = await client.open("POST", base(url), PATH, JSON, b"{}")
+        assert await pumped(response, keep_last=True) == ([b"data: 1\n\n"], b"data: 2\n\ndata: 3\n\n")
+        response = await client.open("POST", base(url), PATH, JSON, b"{}")
+        while not response.arrived:  # the whole answer is read before the pump starts
+            await asyncio.sleep(0)
+        assert await pumped(response, keep_last=True) == ([], b"data: 1\n\ndata: 2\n\n")
+        first_taken.clear()
+        response = await client.open("POST", base(url), PATH, JSON, b"{}")
+        assert await pumped(response, keep_last=False) == ([b"data: 1\n\n", b"data: 2\n\ndata: 3\n\n"], b"")
+        client.close()
+        assert server.connections == 1  # a kept last read leaves the connection reusable
+
+    asyncio.run(serve(stream_in_two_reads, calls))
+
+
 def test_a_sink_that_must_wait_gets_what_arrived_meanwhile_after_its_wait_in_order() -> None:
     """The relay's sink returns the rest of a `send` that waits for a slow client: the pump awaits it, and the
     reads that arrive meanwhile are buffered, then passed on in order; none reaches the sink while it waits."""

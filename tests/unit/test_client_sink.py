@@ -54,3 +54,20 @@ def test_without_a_writer_every_read_is_sent() -> None:
     for read in READS:
         assert sink(read) is None
     assert [message["body"] for message in client.sent] == READS
+
+
+def test_the_last_read_is_watched_and_returned_not_written() -> None:
+    """A stream whose whole answer came in its last read (one token, say): its first content and its usage are
+    seen, a shadowed request captures it, and its bytes come back for the final write instead of going out."""
+    client = Client([])
+    exchange = Exchange(request_id="r", route="/v1/chat/completions", started=0.0, capture=bytearray())
+    watch = StreamWatch(strip_usage=True)
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1}}\n\n'
+    whole = READS[1] + usage + b"data: [DONE]\n\n"
+    sink = ClientSink(exchange, watch, client.send, client.write)
+    assert sink.last(b"") == b""
+    assert sink.last(whole) == READS[1] + b"data: [DONE]\n\n"  # the usage the client did not ask for is cut
+    assert client.sent == [] and client.written == []
+    assert exchange.ttft_s is not None
+    assert watch.usage is not None and watch.usage.prompt_tokens == 7
+    assert exchange.capture == whole

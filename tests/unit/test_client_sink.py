@@ -70,4 +70,4 @@ def test_the_last_read_is_watched_and_returned_not_written() -> None:
     assert client.sent == [] and client.written == []
     assert exchange.ttft_s is not None
     assert watch.usage is not None and watch.usage.prompt_tokens == 7
-    assert exchange.capture == whole
+    assert exchange.capture == bytearray(whole)

@@ -407,7 +407,6 @@ class ClientSink:
             return None
         return run_until_blocked(self.send({"type": "http.response.body", "body": forward, "more_body": True}))
 
-
     def last(self, chunk: bytes) -> bytes:
         """The stream's last read (UpstreamConnection.pump's `keep_last`), watched as every read is: the bytes to
         write with the end of the response, not on their own. (`pass_on`'s first half, repeated rather than

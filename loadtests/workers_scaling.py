@@ -376,6 +376,11 @@ class Driven:
     results: list[Generated]
 
 
+def core_seconds_between(before: dict[int, float], after: dict[int, float]) -> dict[int, float]:
+    """Seconds each core ran tasks between two `procstat.core_busy_s()` readings."""
+    return {core: after[core] - before[core] for core in after}
+
+
 def drive_python(config: Config, load: Load, now: Callable[[], Window]) -> Driven:
     start_at = time.time() + 1.0
     generators = start_generators(config, ",".join(load.urls), load.key, load.streams, start_at, load.work)
@@ -386,7 +391,7 @@ def drive_python(config: Config, load: Load, now: Callable[[], Window]) -> Drive
     last = now()
     cores_after = procstat.core_busy_s()
     results = [collect(generator) for generator in generators]
-    return Driven(first, last, {core: cores_after[core] - cores_before[core] for core in cores_after}, results)
+    return Driven(first, last, core_seconds_between(cores_before, cores_after), results)
 
 
 def drive_wrk(config: Config, load: Load, now: Callable[[], Window]) -> Driven:
@@ -409,7 +414,7 @@ def drive_wrk(config: Config, load: Load, now: Callable[[], Window]) -> Driven:
     cores_after = procstat.core_busy_s()
     results = [Generated(r.completed, r.errors, r.window_s, math.nan, math.nan, r.cpu_s, r.answer_p50_ms)
                for r in finished]
-    return Driven(first, last, {core: cores_after[core] - cores_before[core] for core in cores_after}, results)
+    return Driven(first, last, core_seconds_between(cores_before, cores_after), results)
 
 
 def measured(config: Config, workers: int, driven: Driven) -> Measured:

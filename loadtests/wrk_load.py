@@ -2,9 +2,9 @@
 
 The Python generators (`loadtests.loadgen`, aiohttp) spend about as much CPU per streamed answer as the gateway
 does, so on a 16-core host the bench runs out of cores before eight gateway workers do (the `--workers` runs
-of 2026-12-01: at N = 8 the upstreams and generators were 87-100 % busy). wrk reads a streamed answer for a few
-microseconds of CPU. It does not time the first event (no TTFT): it reports completed answers, errors and the
-latency of whole answers.
+of 2026-12-01: at N = 8 the upstreams and generators were 87-100 % busy). wrk read a 16-token streamed answer
+for about 0.04 ms of CPU on the device host (0.78 of a core at 19,400 answers/s). It does not time the first
+event (no TTFT): it reports completed answers, errors and the latency of whole answers.
 
 Each wrk thread cycles through the request bodies (one per line of `bodies`), starting at a random one, so the
 gateway's prefix affinity spreads the load over every upstream of the pool. The key travels in the environment,

@@ -4,10 +4,12 @@
 # network, so everything it needs travels in the carried stage folder:
 #   bash scripts/gpu/perf_stage.sh            # here: wheels for Python 3.12 + nginx .debs into .stage/perf
 #   carry [".stage/perf"]; command: bash scripts/gpu/perf.sh STEP [STEP ...]
-# Steps (each writes into $OUT): check, overhead, before, events, prompt, idle, workers, contention, clients, shadow. Core sets below
+# Steps (each writes into $OUT): check, overhead, before, events, prompt, prompt-before, idle, workers, contention, clients, shadow. Core sets below
 # keep the process under test on its own cores, away from the upstream and the load generators.
 #   before: the overhead benchmark with an earlier tree's gateway/ and loadtests/ (BEFORE, default .stage/before,
 #           made with `git archive <commit> gateway loadtests | tar -x -C .stage/before`; carry it too)
+#   prompt-before: the prompt-size benchmark with the BEFORE tree's gateway/ and loadtests/ (PROMPT_ARGS too);
+#           alternate it with `prompt` (e.g. `prompt-before prompt prompt-before prompt`), each round its own file
 #   events: the overhead benchmark at c=32 with one token per answer (EVENTS_ARGS), to split the per-request
 #           cost into its fixed part and its per-event part against the 64-token run
 #   contention: how much slower one core runs the same Python work while 1, 3, 7, 15 other cores do too
@@ -27,6 +29,13 @@ export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:/tmp/ngx/usr/sbin:/tmp/ngx/u
 # wrk's LuaJIT, unpacked beside it (only wrk links it)
 export LD_LIBRARY_PATH=/tmp/ngx/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
+# "" for a step's first run in $OUT, then -2, -3, ...: a step named twice keeps both rounds
+next_round() {
+  local n=1
+  while [ -e "$OUT/$1$([ $n -gt 1 ] && echo "-$n").json" ]; do n=$((n + 1)); done
+  [ $n -gt 1 ] && echo "-$n"
+}
+
 step() {
   case "$1" in
     check)
@@ -45,7 +54,12 @@ step() {
     idle)
       python3 -m loadtests.idle_memory --out "$OUT/idle.json" --runs 3 --attribute 2>&1 | tee "$OUT/idle.log" ;;
     prompt)
-      python3 -m loadtests.prompt_size --out "$OUT/prompt.json" ${PROMPT_ARGS:-} 2>&1 | tee "$OUT/prompt.log" ;;
+      round=$(next_round prompt)
+      python3 -m loadtests.prompt_size --out "$OUT/prompt$round.json" ${PROMPT_ARGS:-} 2>&1 | tee "$OUT/prompt$round.log" ;;
+    prompt-before)
+      round=$(next_round prompt-before)
+      (cd "${BEFORE:-.stage/before}" && PYTHONPATH=/tmp/site:$PWD python3 -m loadtests.prompt_size \
+        --out "$OUT/prompt-before$round.json" ${PROMPT_ARGS:-} 2>&1 | tee "$OUT/prompt-before$round.log") ;;
     workers)
       python3 -m loadtests.workers_scaling --out "$OUT/workers" ${WORKERS_ARGS:-} 2>&1 | tee "$OUT/workers.log" ;;
     contention)

@@ -7,20 +7,31 @@ from collections.abc import Iterable
 from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-UTIME_FIELD = 11  # fields counted from the process state, i.e. after "pid (comm) "
+MINFLT_FIELD = 7  # fields counted from the process state, i.e. after "pid (comm) "
+UTIME_FIELD = 11
 STIME_FIELD = 12
+
+
+def _stat_fields(pid: int) -> list[str]:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2 :].split()
 
 
 def process_cpu_split(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds of every thread of `pid` so far (children not included)."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2 :].split()
+    fields = _stat_fields(pid)
     return int(fields[UTIME_FIELD]) / CLOCK_TICKS, int(fields[STIME_FIELD]) / CLOCK_TICKS
 
 
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of every thread of `pid` so far (children not included)."""
     return sum(process_cpu_split(pid))
+
+
+def minor_faults(pid: int) -> int:
+    """Minor page faults of every thread of `pid` so far: first touches of memory the process had not used yet
+    (or had given back), each a trip into the kernel."""
+    return int(_stat_fields(pid)[MINFLT_FIELD])
 
 
 def rss_bytes(pid: int) -> int:

@@ -1,12 +1,14 @@
 """Prompt-size benchmark: what a larger request body costs the gateway, for 1k to 128k-token prompts.
 
-Two measurements, for chat and completions bodies of 1k, 8k, 32k and 128k tokens (about 5 bytes per token, as a
+Three measurements, for chat and completions bodies of 1k, 8k, 32k and 128k tokens (about 5 bytes per token, as a
 tokenizer sees English words):
 
 * **Served.** One `kvgate serve` (every feature on, info logging) in front of the fast upstream, requests sent one
-  at a time (streaming, as clients do). Per size: the gateway's own `x-kvgate-overhead-ms` header (arrival to the
-  request leaving for upstream; p50/p90) and the gateway process's CPU per request (/proc, whole request).
-* **The body path's CPU, in process.** The same body through the shape check, the rewrite and the encoding as
+  at a time (streaming, as clients do). Per size: the gateway's own `x-kvgate-overhead-ms` header (from the app's
+  start, at the end of the request head, to the request leaving for upstream; p50/p90), the gateway process's
+  CPU per request (/proc, whole request) and its minor page faults per request (/proc: first touches of fresh
+  memory, which a large body costs in copies).
+* **The body path's time, in process.** The same body through the shape check, the rewrite and the encoding as
   the proxy runs them, timed in this process (best of several repeats): the gateway's own size-dependent work,
   without the socket reads and without waiting for the client's writes, which the served figure includes.
 * **Memory, in process.** tracemalloc around the body path of one request as the proxy runs it — the body
@@ -16,7 +18,8 @@ tokenizer sees English words):
   before the path begins, are not counted). A served gateway's RSS high-water mark cannot be split per
   request, so this focused figure stands for it.
 
-    .venv/bin/python -m loadtests.prompt_size --out /tmp/prompt-size.json [--requests 60]
+    .venv/bin/python -m loadtests.prompt_size --out /tmp/prompt-size.json [--requests 60] \
+        [--routes chat completions] [--tokens 1000 8000 32000 128000]
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class SizeResult:
     overhead_p50_ms: float
     overhead_p90_ms: float
     cpu_ms_per_request: float
+    faults_per_request: float  # the gateway's minor page faults
     body_path_ms: float
     peak_alloc_bytes: int
 
@@ -119,15 +123,23 @@ def body_path_peak(route: str, body: bytes) -> int:
         tracemalloc.stop()
 
 
-async def served(url: str, key: str, body: bytes, requests: int, gateway_pid: int) -> tuple[list[float], float]:
-    """Overhead headers of `requests` sequential requests, and the gateway's CPU per request."""
+@dataclass(frozen=True)
+class Served:
+    overheads_ms: list[float]
+    cpu_ms_per_request: float
+    faults_per_request: float
+
+
+async def served(url: str, key: str, body: bytes, requests: int, gateway_pid: int) -> Served:
+    """Overhead headers of `requests` sequential requests, and the gateway's CPU and minor page faults per
+    request."""
     headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
     overheads: list[float] = []
     async with aiohttp.ClientSession() as session:
         for _ in range(3):  # warm-up
             async with session.post(url, data=body, headers=headers) as response:
                 await response.read()
-        before = procstat.process_cpu_s(gateway_pid)
+        before, faults_before = procstat.process_cpu_s(gateway_pid), procstat.minor_faults(gateway_pid)
         for _ in range(requests):
             async with session.post(url, data=body, headers=headers) as response:
                 await response.read()
@@ -135,43 +147,46 @@ async def served(url: str, key: str, body: bytes, requests: int, gateway_pid: in
                     raise RuntimeError(f"status {response.status}")
                 overheads.append(float(response.headers["x-kvgate-overhead-ms"]))
         used = procstat.process_cpu_s(gateway_pid) - before
-    return overheads, used * 1000 / requests
+        faults = procstat.minor_faults(gateway_pid) - faults_before
+    return Served(overheads, used * 1000 / requests, faults / requests)
 
 
-def measure(config: bench.Config, requests: int) -> list[SizeResult]:
+def measure(config: bench.Config, requests: int, routes: Sequence[str], sizes: Sequence[int]) -> list[SizeResult]:
     results: list[SizeResult] = []
     with tempfile.TemporaryDirectory(prefix="kvgate-prompt-size-") as tmp, \
             bench.start_upstream(config, Path(tmp)) as upstream:
         gateway_cm, key = bench.start_gateway(config, Path(tmp), upstream.url)
         with gateway_cm as gateway:
             procstat.pin_process(gateway.popen.pid, {config.proxy_core})
-            for route in ("chat", "completions"):
-                for tokens in TOKEN_SIZES:
+            for route in routes:
+                for tokens in sizes:
                     body = request_body(route, tokens)
                     url = gateway.url + bench.ROUTE_PATHS[route]
-                    overheads, cpu_ms = uvloop.run(served(url, key, body, requests, gateway.popen.pid))
-                    result = SizeResult(route, tokens, len(body), statistics.median(overheads),
-                                        statistics.quantiles(overheads, n=10)[-1], cpu_ms,
-                                        body_path_ms(route, body), body_path_peak(route, body))
+                    run = uvloop.run(served(url, key, body, requests, gateway.popen.pid))
+                    result = SizeResult(route, tokens, len(body), statistics.median(run.overheads_ms),
+                                        statistics.quantiles(run.overheads_ms, n=10)[-1], run.cpu_ms_per_request,
+                                        run.faults_per_request, body_path_ms(route, body),
+                                        body_path_peak(route, body))
                     results.append(result)
                     print(f"  {route:<11} {tokens:>7} tokens {len(body) / 1024:8.1f} KiB  overhead p50 "
                           f"{result.overhead_p50_ms:6.3f} ms  p90 {result.overhead_p90_ms:6.3f} ms  CPU/req "
-                          f"{cpu_ms:6.3f} ms  body path {result.body_path_ms:6.3f} ms  "
-                          f"peak {result.peak_over_body:4.2f}x body",
+                          f"{result.cpu_ms_per_request:6.3f} ms  faults/req {result.faults_per_request:5.1f}  "
+                          f"body path {result.body_path_ms:6.3f} ms  peak {result.peak_over_body:4.2f}x body",
                           file=sys.stderr, flush=True)
     return results
 
 
 def table(results: Sequence[SizeResult]) -> str:
-    lines = ["| route | prompt tokens | body | overhead p50 | overhead p90 | above 1k p50 | gateway CPU/request | "
-             "body path (in process) | above 1k | body-path peak / body |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| route | prompt tokens | body | overhead p50 | overhead p90 | above smallest p50 | gateway CPU/request "
+             "| page faults/request | body path (in process) | above smallest | body-path peak / body |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for result in results:
-        base = next(r for r in results if r.route == result.route and r.tokens == TOKEN_SIZES[0])
+        base = min((r for r in results if r.route == result.route), key=lambda r: r.tokens)
         lines.append(f"| {result.route} | {result.tokens:,} | {result.body_bytes / 1024:.0f} KiB "
                      f"| {result.overhead_p50_ms:.3f} ms | {result.overhead_p90_ms:.3f} ms "
                      f"| {result.overhead_p50_ms - base.overhead_p50_ms:+.3f} ms | {result.cpu_ms_per_request:.3f} ms "
-                     f"| {result.body_path_ms:.3f} ms | {result.body_path_ms - base.body_path_ms:+.3f} ms "
-                     f"| {result.peak_over_body:.2f}x |")
+                     f"| {result.faults_per_request:.1f} | {result.body_path_ms:.3f} ms "
+                     f"| {result.body_path_ms - base.body_path_ms:+.3f} ms | {result.peak_over_body:.2f}x |")
     return "\n".join(lines)
 
 
@@ -181,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--requests", type=int, default=60,
                         help="measured requests per size and route (CPU is read in 10 ms ticks: more is finer)")
+    parser.add_argument("--routes", nargs="+", choices=("chat", "completions"), default=["chat", "completions"])
+    parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKEN_SIZES),
+                        help="prompt sizes; 'above smallest' compares each with the smallest measured")
     parser.add_argument("--proxy-core", type=int, default=1)
     parser.add_argument("--bench-core", type=int, default=0)
     args = parser.parse_args(argv)
@@ -188,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                "--proxy-core", str(args.proxy_core), "--bench-core", str(args.bench_core)])
     bench.check_cores(config)
     os.sched_setaffinity(0, {config.bench_core})
-    results = measure(config, args.requests)
+    results = measure(config, args.requests, args.routes, sorted(args.tokens))
     print(table(results))
     args.out.write_text(json.dumps({
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "at": time.strftime("%Y-%m-%dT%H:%M:%S")},

@@ -45,35 +45,6 @@ CHUNK_SIZE_LINES = tuple(b"%x\r\n" % size for size in range(SIZE_LINES_BELOW))
 CRLF = b"\r\n"
 
 
-class BodyChunks:
-    """A request's body as uvicorn's cycle holds it until the app reads it, kept as the chunks the parser gave.
-
-    uvicorn appends each chunk to a `bytearray` (`cycle.body += chunk`) and hands the app `bytes(cycle.body)`: two
-    copies of the body, the second into fresh memory. For a 626 KiB prompt that is most of the receive path's cost
-    (see docs/proxy-costs.md, "Prompt size"). This holder keeps the chunks and makes the bytes once: a body that
-    came in one chunk is handed over as that chunk, a longer one is joined once. It offers exactly what uvicorn's
-    cycle uses of `body` (`+=`, `len`, truth, `bytes()`); uvicorn puts a new `bytearray` in its place after each
-    `receive`, so only the part of a body that arrived before the app's first read passes through here.
-    """
-
-    __slots__ = ("_chunks", "_size")
-
-    def __init__(self) -> None:
-        self._chunks: list[bytes] = []
-        self._size = 0
-
-    def __iadd__(self, chunk: bytes) -> BodyChunks:
-        self._chunks.append(chunk)
-        self._size += len(chunk)
-        return self
-
-    def __len__(self) -> int:
-        return self._size
-
-    def __bytes__(self) -> bytes:
-        return b"".join(self._chunks)  # one chunk of exact bytes is returned as it is, not copied
-
-
 @dataclass(frozen=True)
 class ConnectionLimits:
     max_header_bytes: int
@@ -184,10 +155,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_head_timer()
         super().on_headers_complete()
         cycle = self.cycle  # the new request's, unless uvicorn returned early (an upgrade)
-        if cycle is not None and cycle.scope is self.scope:
-            cycle.body = BodyChunks()  # type: ignore[assignment]  # duck-typed for the uses above; see its docstring
-            if self.scope["method"] != "HEAD":
-                self.scope["extensions"][BODY_WRITER_EXTENSION] = {"write": ChunkedBodyWriter(cycle).write}
+        if cycle is not None and cycle.scope is self.scope and self.scope["method"] != "HEAD":
+            self.scope["extensions"][BODY_WRITER_EXTENSION] = {"write": ChunkedBodyWriter(cycle).write}
 
     def _grow_head(self, size: int) -> None:
         self._head_size += size

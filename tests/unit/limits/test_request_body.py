@@ -1,27 +1,14 @@
-"""How kvgate's server protocol holds a request body until the app reads it (gateway.limits.connections.BodyChunks):
-the chunks as the parser gave them, made into bytes once. Checked on the holder itself and on a real uvicorn server
-with the gateway's protocol class, over loopback: every body reaches the app exactly as the client sent it, however
-the client's writes split it and with requests pipelined behind it."""
+"""Request bodies through kvgate's server protocol, which reads a body ahead of the app up to
+BODY_READ_AHEAD_BYTES (gateway.limits.connections), on a real uvicorn server with the gateway's protocol class, over
+loopback: every body reaches the app exactly as the client sent it, however the client's writes split it and with
+requests pipelined behind it."""
 
 from __future__ import annotations
 
 import asyncio
 
 from gateway.asgi.io import Receive, Scope, Send
-from gateway.limits.connections import BodyChunks
 from tests.unit.limits.test_body_writer import GUARD_S, served
-
-
-def test_one_chunk_is_handed_over_as_it_is_and_several_are_joined_once() -> None:
-    held = BodyChunks()
-    assert not held and len(held) == 0 and bytes(held) == b""
-    first = b"a" * 70_000
-    held += first
-    assert bytes(held) is first  # not copied
-    held += b"b" * 5
-    held += b"c"
-    assert len(held) == 70_006 and held
-    assert bytes(held) == first + b"bbbbbc"
 
 
 async def echo_body(scope: Scope, receive: Receive, send: Send) -> None:

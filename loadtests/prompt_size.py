@@ -11,6 +11,11 @@ tokenizer sees English words):
 * **The body path's time, in process.** The same body through the shape check, the rewrite and the encoding as
   the proxy runs them, timed in this process (best of several repeats): the gateway's own size-dependent work,
   without the socket reads and without waiting for the client's writes, which the served figure includes.
+* **Against direct, nginx and the Rust router** (`--compare`). The fast upstream directly, `kvgate serve`, nginx
+  and vllm-router (each where installed, as `loadtests/proxy_overhead.py` runs them, on the proxy core), one
+  request to each in turn, sequentially: the TTFT the client sees, and what each proxy adds to the direct TTFT
+  at each prompt size. This is the user's view, the same for every proxy: it includes receiving the body and
+  sending it on, which the gateway's own header does not.
 * **Memory, in process.** tracemalloc around the body path of one request as the proxy runs it — the body
   joined from the client's chunks, its shape check, the rewrite, the client's bytes dropped (a long prompt kept
   as JSON text still points into them), the bytes sent upstream encoded — reported as peak bytes allocated over
@@ -46,10 +51,15 @@ from gateway.proxy.rewrite import rewrite_request
 from gateway.proxy.shape import check_json_shape
 from gateway.routes import ROUTES
 from gateway.salts import Salts
-from loadtests import procstat
+from loadtests import loadgen, procstat
 from loadtests import proxy_overhead as bench
+from loadtests.loadgen import Target
 
 TOKEN_SIZES = (1_000, 8_000, 32_000, 128_000)
+DIRECT = "direct"
+# The fast upstream's first event in the comparison: short, so its timer adds little spread to the TTFT that
+# every target shares (the served measurement reads the gateway's own header and does not depend on it).
+COMPARE_TTFT_MS = 1.0
 WORDS = ("the", "cache", "of", "a", "block", "is", "kept", "per", "tenant", "and")  # ~4.9 bytes per token
 SECRET = b"prompt-size-benchmark-secret-0123456789"
 SALTS = Salts(SECRET)
@@ -124,6 +134,14 @@ def body_path_peak(route: str, body: bytes) -> int:
 
 
 @dataclass(frozen=True)
+class Compared:
+    route: str
+    tokens: int
+    ttft_p50_ms: dict[str, float]  # per target, direct included
+    added_p50_ms: dict[str, float]  # per proxy: its TTFT p50 minus the direct one
+
+
+@dataclass(frozen=True)
 class Served:
     overheads_ms: list[float]
     cpu_ms_per_request: float
@@ -176,6 +194,55 @@ def measure(config: bench.Config, requests: int, routes: Sequence[str], sizes: S
     return results
 
 
+async def interleaved_ttft(targets: Sequence[Target], requests: int) -> dict[str, list[float]]:
+    """TTFT (ms) of `requests` sequential requests to each target, one to each in turn (after a warm-up of three
+    each), so that drift on the machine falls on every target alike."""
+    ttft: dict[str, list[float]] = {target.name: [] for target in targets}
+    async with loadgen.new_session(1) as session:
+        for index in range(requests + 3):
+            for target in targets:
+                sample = await loadgen.one_request(session, target)
+                if not sample.ok or sample.ttft_s is None:
+                    raise RuntimeError(f"{target.name}: a request failed")
+                if index >= 3:
+                    ttft[target.name].append(sample.ttft_s * 1000)
+    return ttft
+
+
+def compare(config: bench.Config, requests: int, routes: Sequence[str], sizes: Sequence[int]) -> list[Compared]:
+    rows: list[Compared] = []
+    with tempfile.TemporaryDirectory(prefix="kvgate-prompt-compare-") as tmp, \
+            bench.servers(config, Path(tmp)) as (upstream, proxies, key):
+        for route in routes:
+            for tokens in sizes:
+                body, path = request_body(route, tokens), bench.ROUTE_PATHS[route]
+                plain = {"content-type": "application/json"}
+                targets = [Target(DIRECT, upstream.url + path, plain, body)] + [
+                    Target(name, proxy.url + path, {**plain, "authorization": f"Bearer {key}"}, body)
+                    for name, proxy in proxies.items()]
+                ttft = {name: statistics.median(values)
+                        for name, values in uvloop.run(interleaved_ttft(targets, requests)).items()}
+                row = Compared(route, tokens, ttft, {name: ttft[name] - ttft[DIRECT] for name in proxies})
+                rows.append(row)
+                added = "  ".join(f"{name} {value:+.3f}" for name, value in row.added_p50_ms.items())
+                print(f"  {route:<11} {tokens:>7} tokens  direct TTFT p50 {ttft[DIRECT]:.3f} ms  added: {added} ms",
+                      file=sys.stderr, flush=True)
+    return rows
+
+
+def compare_table(rows: Sequence[Compared]) -> str:
+    names = list(rows[0].added_p50_ms)
+    lines = ["| route | prompt tokens | direct TTFT p50 | " + " | ".join(f"{name} added | above smallest"
+                                                                        for name in names) + " |",
+             "|---|---|---|" + "---|---|" * len(names)]
+    for row in rows:
+        base = min((r for r in rows if r.route == row.route), key=lambda r: r.tokens)
+        cells = " | ".join(f"{row.added_p50_ms[name]:+.3f} ms "
+                           f"| {row.added_p50_ms[name] - base.added_p50_ms[name]:+.3f} ms" for name in names)
+        lines.append(f"| {row.route} | {row.tokens:,} | {row.ttft_p50_ms[DIRECT]:.3f} ms | {cells} |")
+    return "\n".join(lines)
+
+
 def table(results: Sequence[SizeResult]) -> str:
     lines = ["| route | prompt tokens | body | overhead p50 | overhead p90 | above smallest p50 | gateway CPU/request "
              "| page faults/request | body path (in process) | above smallest | body-path peak / body |",
@@ -201,15 +268,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="prompt sizes; 'above smallest' compares each with the smallest measured")
     parser.add_argument("--proxy-core", type=int, default=1)
     parser.add_argument("--bench-core", type=int, default=0)
+    parser.add_argument("--compare", action="store_true",
+                        help="instead: the TTFT each proxy adds against direct, with nginx and vllm-router where "
+                        "installed (--router-binary, else .venv-bench/bin, then PATH)")
+    parser.add_argument("--router-binary")
     args = parser.parse_args(argv)
-    config = bench.parse_args(["--out", os.devnull, "--no-nginx", "--no-router", "--tokens", "8",
-                               "--proxy-core", str(args.proxy_core), "--bench-core", str(args.bench_core)])
+    references = ["--router-binary", args.router_binary] if args.router_binary else []
+    compared = ["--ttft-ms", str(COMPARE_TTFT_MS), *references] if args.compare else ["--no-nginx", "--no-router"]
+    config = bench.parse_args(["--out", os.devnull, "--tokens", "8", "--proxy-core", str(args.proxy_core),
+                               "--bench-core", str(args.bench_core), *compared])
     bench.check_cores(config)
     os.sched_setaffinity(0, {config.bench_core})
+    machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if args.compare:
+        rows = compare(config, args.requests, args.routes, sorted(args.tokens))
+        print(compare_table(rows))
+        args.out.write_text(json.dumps({"machine": machine, "requests_per_size": args.requests,
+                                        "compared": [asdict(row) for row in rows]}, indent=2) + "\n")
+        print(f"wrote {args.out}")
+        return 0
     results = measure(config, args.requests, args.routes, sorted(args.tokens))
     print(table(results))
     args.out.write_text(json.dumps({
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "at": time.strftime("%Y-%m-%dT%H:%M:%S")},
+        "machine": machine,
         "requests_per_size": args.requests,
         "results": [{**asdict(result), "peak_over_body": result.peak_over_body} for result in results],
     }, indent=2) + "\n")

@@ -32,6 +32,11 @@ error_log {prefix}/error.log warn;
 events {{ worker_connections 8192; }}
 http {{
     access_log off;
+    # Request bodies are buffered whole in memory, as kvgate and the router hold them, before going upstream: by
+    # default nginx writes a body over 16 KiB to a temporary file, which its unprivileged worker may not create
+    # in this prefix (the prompt-size comparison sends up to 550 KiB).
+    client_body_buffer_size 1m;
+    client_max_body_size 4m;
 {temp}
     upstream fast {{ server {upstream_url.removeprefix("http://")}; keepalive 1024; }}
     server {{

@@ -1,6 +1,7 @@
 """nginx as a reference proxy on the same cores (the parity target in docs/proxy-costs.md).
 
-One worker, `proxy_buffering off`, HTTP/1.1 keep-alive to the upstream: the configuration measured there.
+One worker, `proxy_buffering off`, HTTP/1.1 keep-alive to the upstream: the configuration measured there. Request
+bodies of up to 1 MiB are buffered in memory (since 2026-12-02; no earlier benchmark sent a body over 16 KiB).
 Used only where an `nginx` binary is installed (Debian: `apt-get install nginx-light`).
 """
 

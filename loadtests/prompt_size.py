@@ -1,7 +1,7 @@
 """Prompt-size benchmark: what a larger request body costs the gateway, for 1k to 128k-token prompts.
 
-Three measurements, for chat and completions bodies of 1k, 8k, 32k and 128k tokens (about 5 bytes per token, as a
-tokenizer sees English words):
+Four measurements, for chat and completions bodies of 1k, 8k, 32k and 128k tokens (about 5 bytes per token, as a
+tokenizer sees English words); the first, second and fourth by default, the third alone with `--compare`:
 
 * **Served.** One `kvgate serve` (every feature on, info logging) in front of the fast upstream, requests sent one
   at a time (streaming, as clients do). Per size: the gateway's own `x-kvgate-overhead-ms` header (from the app's
@@ -24,7 +24,7 @@ tokenizer sees English words):
   request, so this focused figure stands for it.
 
     .venv/bin/python -m loadtests.prompt_size --out /tmp/prompt-size.json [--requests 60] \
-        [--routes chat completions] [--tokens 1000 8000 32000 128000]
+        [--routes chat completions] [--tokens 1000 8000 32000 128000] [--compare [--router-binary PATH]]
 """
 
 from __future__ import annotations

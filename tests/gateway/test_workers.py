@@ -89,14 +89,21 @@ def from_each_worker(server: ServerProcess, path: str, headers: dict[str, str] |
     return answers
 
 
-def scrape(server: ServerProcess, key: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(server: ServerProcess, key: str) -> Samples:
     reply = httpx.get(f"{server.url}/metrics", headers=bearer(key), timeout=DEADLINE_S)
     assert reply.status_code == 200, reply.text
+    return parsed_samples(reply.text)
+
+
+def parsed_samples(text: str) -> Samples:
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(reply.text) for sample in family.samples}
+            for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
-def sample(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+def sample(samples: Samples, name: str, **labels: str) -> float:
     """The sum over every series of `name` whose labels include `labels` (0 when none)."""
     return sum(value for (sample_name, sample_labels), value in samples.items()
                if sample_name == name and set(labels.items()) <= set(sample_labels))
@@ -170,8 +177,7 @@ def assert_every_worker_moves_on(gateway: ServerProcess, key: str, old: set[str]
 def test_a_killed_worker_is_replaced_with_its_index_and_counted(policy: PolicyDir, tmp_path: Path) -> None:
     """Wrong version: the parent does not notice, and the port is served by one worker from then on."""
     with run_workers(policy.root, tmp_path / "gateway.log", gateway_env(tmp_path)) as gateway:
-        ops = bearer(policy.keys["ops"])
-        assert set(from_each_worker(gateway, "/metrics", ops)) == {0, 1}
+        counted_before_kill = scrape_until_every_worker_counted(gateway, policy.keys["ops"])
         victim = worker_pid(gateway, 1)
         os.kill(victim, signal.SIGKILL)
         wait_for(lambda: worker_pid(gateway, 1) != victim, gateway, "a replacement for worker 1")
@@ -184,8 +190,31 @@ def test_a_killed_worker_is_replaced_with_its_index_and_counted(policy: PolicyDi
         samples = scrape(gateway, policy.keys["ops"])
         assert sample(samples, "kvgate_worker_restarts_total") == 1
         assert sample(samples, "kvgate_workers") == WORKERS  # the dead worker's live gauge left the sum
-        # What the killed worker served stays counted: at least one scrape answered by each before the kill.
-        assert sample(samples, "kvgate_requests_total", route="/metrics") >= 2
+        # What the killed worker served stays counted: no /metrics request was sent between the two readings.
+        assert sample(samples, "kvgate_requests_total", route="/metrics") >= counted_before_kill
+
+
+def scrape_until_every_worker_counted(gateway: ServerProcess, key: str) -> float:
+    """Scrape /metrics on fresh connections until both workers have answered an earlier scrape and the summed
+    `kvgate_requests_total{route="/metrics"}` covers every earlier scrape: a worker counts a request after its
+    answer has gone out, so a worker killed right after answering could otherwise take that count with it. Returns
+    the count then, which includes the killed worker's share."""
+    answered: set[int] = set()
+    sent = 0
+    counted = 0.0
+
+    def earlier_scrapes_all_counted() -> bool:
+        nonlocal sent, counted
+        answered_before, sent_before = set(answered), sent
+        reply = httpx.get(f"{gateway.url}/metrics", headers=bearer(key), timeout=DEADLINE_S)
+        assert reply.status_code == 200, reply.text
+        sent += 1
+        answered.add(int(reply.headers[WORKER_HEADER]))
+        counted = sample(parsed_samples(reply.text), "kvgate_requests_total", route="/metrics")  # not this scrape
+        return answered_before == {0, 1} and counted >= sent_before
+
+    wait_for(earlier_scrapes_all_counted, gateway, "every worker's earlier scrapes counted")
+    return counted
 
 
 def test_sigterm_drains_every_worker_and_exits_zero(policy: PolicyDir, tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+import timeit
 import tracemalloc
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -54,9 +55,9 @@ from gateway.salts import Salts
 from loadtests import loadgen, procstat
 from loadtests import proxy_overhead as bench
 from loadtests.loadgen import Target
+from loadtests.overhead_report import DIRECT
 
 TOKEN_SIZES = (1_000, 8_000, 32_000, 128_000)
-DIRECT = "direct"
 # The fast upstream's first event in the comparison: short, so its timer adds little spread to the TTFT that
 # every target shares (the served measurement reads the gateway's own header and does not depend on it).
 COMPARE_TTFT_MS = 1.0
@@ -107,13 +108,7 @@ def run_body_path(route: str, body: bytes) -> bytes:
 
 def body_path_ms(route: str, body: bytes, repeats: int = 7, number: int = 10) -> float:
     """The body path's time per body, the best of `repeats` runs of `number` (the least disturbed)."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(number):
-            run_body_path(route, body)
-        best = min(best, (time.perf_counter() - start) / number)
-    return best * 1000
+    return min(timeit.repeat(lambda: run_body_path(route, body), number=number, repeat=repeats)) / number * 1000
 
 
 def body_path_peak(route: str, body: bytes) -> int:

@@ -156,7 +156,8 @@ def _table(report: dict[str, Any], rows: list[tuple[Any, ...]]) -> str:
     lines += [f"source {gap['source']}: {gap['missing_batches']} missing batches, {gap['restarts']} restarts "
               f"({gap['restarts_presumed']} more presumed), "
               f"{gap['lost']} silences, {gap['resets']} operator resets, clock offset "
-              f"{_offset(gap['clock_offset_s'])}" for gap in report["gaps"]]
+              f"{_offset(gap['clock_offset_s'])}{_in_progress(gap.get('changes_in_progress', []))}"
+              for gap in report["gaps"]]
     lines += [f"{tenant} {medium} epoch {epoch}: drain not proven: {'; '.join(view['drain']['reasons'])}"
               for tenant, media in report["tenants"].items() if "not_auditable" not in media
               for medium, medium_view in media.items() for epoch, view in medium_view["epochs"].items()
@@ -165,6 +166,11 @@ def _table(report: dict[str, Any], rows: list[tuple[Any, ...]]) -> str:
               for tenant, version in report.get("judged_against_last_policy", {}).items()]
     lines += [f"pool {pool}: unobserved: {'; '.join(what)}" for pool, what in report.get("unobserved", {}).items()]
     return "\n".join(lines) + "\n"
+
+
+def _in_progress(kinds: list[str]) -> str:
+    """Whole-source changes part applied when the report was read: that source's counts are part way."""
+    return f"; in progress, counts part way: {', '.join(kinds)}" if kinds else ""
 
 
 def _offset(value: float | None) -> str:

@@ -9,9 +9,11 @@ from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from gateway.ledger.base import LedgerStore
-from gateway.ledger.records import LedgerSummary, TenantPolicyRecord
+from gateway.ledger.records import BlockRecord, LedgerSummary, SourceEvent, TenantPolicyRecord
 from gateway.ledger.report import AuditInputs, Window, build_report, build_summary_report
 from gateway.policy.loader import PolicySet
+
+WINDOWED_READ_ATTEMPTS = 5  # source-wide changes are rare (a silence takes `lost_after_s` of quiet)
 
 
 async def collect_audit(
@@ -25,36 +27,41 @@ async def collect_audit(
     since_ts = since.timestamp() if since is not None else None
     offsets = (await store.clock_offsets()) | (clock_offsets or {})
     last_policies = await store.tenant_policies()
-    summarised = since_ts is None and isinstance(store, SummaryStore)
-    inputs = AuditInputs(
-        records=[] if summarised else await store.records(since_ts, tenant),
-        missing_batches=await store.missing_batches(),
-        source_events=await store.source_events(),
-        clock_offsets=offsets,
-        last_policies=last_policies,
-    )
+    records, missing, events, changing = await _windowed_reads(store, since_ts, tenant)
+    inputs = AuditInputs(records, missing, events, offsets, last_policies, changing)
     window = Window(now=time.time() if now is None else now, since=since_ts)
-    if summarised and isinstance(store, SummaryStore):
-        limits = _retention_limits(policies, last_policies)
-        summary = await store.summary(limits, offsets, window.now, tenant)
-        return await asyncio.to_thread(build_summary_report, summary, inputs, policies, window, tenant)
     # Built on a worker thread: a large ledger must not stall the gateway's event loop.
     return await asyncio.to_thread(build_report, inputs, policies, window, tenant)
 
 
-@runtime_checkable
-class SummaryStore(Protocol):
-    """A store that keeps the audit's aggregates itself (SQLite), so a report needs no scan of the records."""
+class AuditReadRaced(RuntimeError):
+    """The ledger's sources kept changing state (silenced, resumed, restarted) while the records were read."""
 
-    async def summary(
-        self, limits: dict[str, float], offsets: dict[str, float], now: float, tenant: str | None,
-    ) -> LedgerSummary: ...
+
+async def _windowed_reads(
+    store: LedgerStore, since: float | None, tenant: str | None,
+) -> tuple[list[BlockRecord], dict[str, int], list[SourceEvent], dict[str, list[str]]]:
+    """The records, the gaps, the source events and the whole-source changes in progress, consistent with each
+    other. The records are read in pages (a large ledger is never read in one call), so a change over a whole
+    source (a silence marking its records unknown, a resumption, a restart closing them) could land in the
+    middle; each such change is either in progress or has recorded its source event. So the records count
+    only when read between two equal readings of both."""
+    state = (await store.source_events(), await store.changes_in_progress())
+    for _attempt in range(WINDOWED_READ_ATTEMPTS):
+        records = await store.records(since, tenant)
+        missing = await store.missing_batches()
+        after = (await store.source_events(), await store.changes_in_progress())
+        if after == state:
+            return records, missing, *state
+        state = after
+    raise AuditReadRaced(f"the ledger's sources changed state during each of {WINDOWED_READ_ATTEMPTS} reads")
 
 
 @runtime_checkable
 class OneReadStore(Protocol):
-    """A store that reads everything an unwindowed report needs, and builds it, in one call off the event loop
-    (SQLite: one snapshot on its reader thread), so a busy event loop adds its delay once, not per read."""
+    """A store that serves an unwindowed report from its own totals (no scan of the records), read in one
+    consistent read (SQLite: one snapshot on its reader thread; Redis: one script call), so the report never
+    shows half of an apply, and a busy event loop adds its delay once, not per read."""
 
     async def summary_report(
         self, policies: PolicySet, tenant: str | None, clock_offsets: dict[str, float], now: float,
@@ -67,12 +74,12 @@ def summary_report_from(
 ) -> dict[str, Any]:
     """The unwindowed report from inputs already read (`inputs.clock_offsets` merged with the gateway's) and
     `summary_of(limits, offsets)`, the store's aggregates for those retention limits and offsets."""
-    limits = _retention_limits(policies, inputs.last_policies)
+    limits = retention_limits(policies, inputs.last_policies)
     summary = summary_of(limits, inputs.clock_offsets)
     return build_summary_report(summary, inputs, policies, Window(now=now, since=None), tenant)
 
 
-def _retention_limits(policies: PolicySet, last: dict[str, TenantPolicyRecord]) -> dict[str, float]:
+def retention_limits(policies: PolicySet, last: dict[str, TenantPolicyRecord]) -> dict[str, float]:
     limits = {name: record.retention_s for name, record in last.items()
               if name not in policies.tenants and record.retention_s is not None}
     limits.update({name: tenant.offload.retention_seconds for name, tenant in policies.tenants.items()

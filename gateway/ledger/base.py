@@ -54,6 +54,11 @@ class LedgerStore(Protocol):
 
     async def source_events(self) -> list[SourceEvent]: ...
 
+    async def changes_in_progress(self) -> dict[str, list[str]]:
+        """Per source, the kinds (`silent`, `resumed`, a close reason) of ops over the whole source that are
+        part applied: their records are partly changed and their source event is not recorded yet."""
+        ...
+
     async def record_clock(self, offsets: dict[str, float], at: float) -> None:
         """Per source, the estimated publisher clock offset (gateway time - publisher time), in seconds."""
         ...

@@ -24,6 +24,8 @@ Redis layout under the prefix P:
   P..aggkeys   SET of the life:/age: keys above (so a rebuild can delete them without KEYS)
   P..aggregates  "1" once the totals above describe every record (set by BACKFILL_LUA)
   P..compacted_before  closed records removed before this time are only in the totals
+  P..changing  HASH source \x1f <seq>:<ts> -> kind   (an op over a whole source that a call left part done: the
+               audit says so, since its source event is recorded only when its last record is)
 Batches arrive as msgpack [[source, seq, ts_text, policy_version, ops, first, last], ...]: a batch larger than one
 call's budget comes in slices (`first`: the index of its first op; `last`: 1 on the final slice), and
 P..progress:<source>:<seq>:<ts> holds how far the batch got (ops done; for an op over a whole source, its
@@ -330,10 +332,23 @@ local function advance_cursor(source, seq, ts)
   redis.call("HSET", prefix .. "cursors", source, cmsgpack.pack({seq, ts}))
 end
 
--- A whole-source op, or a slice of one: true when it finished (else the cursor and count to carry on from).
-local function source_wide(source, boundary, op, cursor, count)
+local function whole_source_op(source, boundary, op, cursor, count)
   if op[1] == 3 then return clear_blocks(source, boundary, op, cursor, count) end
   return mark_unknown(source, boundary, op, op[1] == 5 and op[2] or -1, cursor, count)
+end
+
+-- A whole-source op, or a slice of one: true when it finished (else the cursor and count to carry on from).
+-- While it is part done, P..changing names it (`batch`: the batch's seq:ts, so two batches never share a field).
+local function source_wide(source, batch, boundary, op, cursor, count)
+  local finished, next_cursor, done = whole_source_op(source, boundary, op, cursor, count)
+  local field = source .. SEP .. batch
+  if finished then
+    redis.call("HDEL", prefix .. "changing", field)
+  else
+    local kind = op[1] == 3 and op[5] or (op[1] == 5 and "silent" or "resumed")
+    redis.call("HSET", prefix .. "changing", field, kind)
+  end
+  return finished, next_cursor, done
 end
 
 local function apply_one(source, version, op)
@@ -367,7 +382,8 @@ for b = 1, #batches do
         end
         local op = ops[o]
         if op[1] == 3 or op[1] == 5 or op[1] == 6 then
-          local finished, cursor, count = source_wide(source, ts_text, op, state[2], state[3])
+          local finished, cursor, count = source_wide(source, seq .. ":" .. ts_text, ts_text, op, state[2],
+                                                       state[3])
           state[2], state[3] = cursor, count
           if not finished then
             stopped = true
@@ -446,11 +462,10 @@ return #ids
 """
 
 LIFETIME_STATS_LUA = r"""
--- Read only. ARGV: prefix, then per (tenant, medium): "tenant\31medium", retention ("" for none). Per pair:
+-- stats(pair, limit) for one (tenant, medium) pair "tenant\31medium" and its retention (nil for none):
 -- {total, p50, p99, longest, outlived} with the lifetimes as "%.17g" text (Lua numbers would come back
 -- truncated to integers): the nearest-rank percentiles are the longest lifetime of the 1-second bucket holding
 -- the rank, and `outlived` counts the buckets above the retention, as the SQLite store computes them.
-local prefix = ARGV[1]
 local GROUP_S = 256
 
 local fetched = {}
@@ -518,12 +533,73 @@ local function stats(pair, limit)
   local p99 = ranked(math.max(1, math.ceil(0.99 * total)))
   return {total, string.format("%.17g", p50), string.format("%.17g", p99), string.format("%.17g", longest), outlived}
 end
+"""
 
-local out = {}
-for i = 2, #ARGV, 2 do
-  out[#out + 1] = stats(ARGV[i], tonumber(ARGV[i + 1]))
+AUDIT_SNAPSHOT_LUA = r"""
+-- Read only: everything an unwindowed audit reads, in one atomic call. An apply call changes records, totals
+-- and source events together (a silence marks records unknown and records its `silent` event in the same
+-- call), so a report built from several separate reads could show the one without the other.
+-- ARGV: prefix, tenant, whether the tenant filters ("1") or every tenant is read ("0"), now ("%.17g"),
+-- msgpack {tenant: retention_s}, msgpack {source: clock offset_s}.
+-- Returns {tally, closes, compacted_before ("" for never), gaps, events, changing, lifetimes, ages}: hashes as
+-- HGETALL's flat lists, the events as HVALS; lifetimes as {pair, stats} per (tenant, medium) with a removal;
+-- ages as {source\31tenant\31medium, oldest stored_at, count past retention or -1 when none is} per open group.
+local prefix = ARGV[1]
+local only = ARGV[3] == "1" and ARGV[2] or nil
+local now = tonumber(ARGV[4])
+local limits = cmsgpack.unpack(ARGV[5])
+local offsets = cmsgpack.unpack(ARGV[6])
+local SEP = "\31"
+""" + LIFETIME_STATS_LUA + r"""
+local function split3(field)
+  local first = string.find(field, SEP, 1, true)
+  local second = string.find(field, SEP, first + 1, true)
+  return string.sub(field, 1, first - 1), string.sub(field, first + 1, second - 1), string.sub(field, second + 1)
 end
-return out
+
+local tally = redis.call("HGETALL", prefix .. "tally")
+local closes = redis.call("HGETALL", prefix .. "closes")
+local openby = redis.call("HGETALL", prefix .. "openby")
+local compacted = redis.call("GET", prefix .. "compacted_before") or ""
+local gaps = redis.call("HGETALL", prefix .. "gaps")
+local events = redis.call("HVALS", prefix .. "events")
+local changing = redis.call("HGETALL", prefix .. "changing")
+
+local removed, order = {}, {}
+for i = 1, #tally, 2 do
+  local tenant, medium = split3(tally[i])
+  if only == nil or tenant == only then
+    local pair = tenant .. SEP .. medium
+    if removed[pair] == nil then
+      removed[pair] = 0
+      order[#order + 1] = {pair, tenant}
+    end
+    removed[pair] = removed[pair] + cmsgpack.unpack(tally[i + 1])[2]
+  end
+end
+local lifetimes = {}
+for _, entry in ipairs(order) do
+  if removed[entry[1]] > 0 then lifetimes[#lifetimes + 1] = {entry[1], stats(entry[1], limits[entry[2]])} end
+end
+
+local ages = {}
+for i = 1, #openby, 2 do
+  local source, tenant = split3(openby[i])
+  if tonumber(openby[i + 1]) > 0 and (only == nil or tenant == only) then
+    local key = prefix .. "age:" .. openby[i]
+    local oldest = redis.call("ZRANGE", key, 0, 0, "WITHSCORES")
+    if #oldest > 0 then
+      local source_now = now - (offsets[source] or 0)
+      local limit = limits[tenant]
+      local overdue = -1
+      if limit and source_now - tonumber(oldest[2]) > limit then
+        overdue = redis.call("ZCOUNT", key, "-inf", "(" .. string.format("%.17g", source_now - limit))
+      end
+      ages[#ages + 1] = {openby[i], oldest[2], overdue}
+    end
+  end
+end
+return {tally, closes, compacted, gaps, events, changing, lifetimes, ages}
 """
 
 REMEMBER_SALTS_LUA = r"""

@@ -7,8 +7,9 @@ keeps the batches in its spool meanwhile.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple, TypeVar
 
@@ -17,6 +18,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from gateway.kvevents.sequence import Cursor
+from gateway.ledger.audit import retention_limits
 from gateway.ledger.base import StoreUnavailable
 from gateway.ledger.hashcodec import from_token, to_token
 from gateway.ledger.records import (
@@ -39,7 +41,15 @@ from gateway.ledger.records import (
     TallyRow,
     TenantPolicyRecord,
 )
-from gateway.ledger.redis_script import APPLY_LUA, BACKFILL_LUA, COMPACT_LUA, LIFETIME_STATS_LUA, REMEMBER_SALTS_LUA
+from gateway.ledger.redis_script import (
+    APPLY_LUA,
+    AUDIT_SNAPSHOT_LUA,
+    BACKFILL_LUA,
+    COMPACT_LUA,
+    REMEMBER_SALTS_LUA,
+)
+from gateway.ledger.report import AuditInputs, Window, build_summary_report
+from gateway.policy.loader import PolicySet
 
 T = TypeVar("T")
 DEFAULT_PREFIX = "kvgate:ledger:"
@@ -65,7 +75,7 @@ class RedisStore:
         self._remember = client.register_script(REMEMBER_SALTS_LUA)
         self._backfill = client.register_script(BACKFILL_LUA)
         self._compact = client.register_script(COMPACT_LUA)
-        self._lifetimes = client.register_script(LIFETIME_STATS_LUA)
+        self._audit_snapshot = client.register_script(AUDIT_SNAPSHOT_LUA)
 
     @classmethod
     async def open(cls, url: str, prefix: str = DEFAULT_PREFIX, timeout_s: float = 2.0) -> RedisStore:
@@ -208,65 +218,40 @@ class RedisStore:
         """The audit's totals as the SQLite store gives them (`sqlite_tally.summary`), read from the aggregates
         the apply script keeps: a few hashes, one lifetime histogram per (tenant, medium) and, per open
         (tenant, medium, source), the oldest stored_at and a ZCOUNT past retention. No record is read."""
+        return (await self._snapshot(limits, offsets, now, tenant)).summary
+
+    async def summary_report(
+        self, policies: PolicySet, tenant: str | None, clock_offsets: dict[str, float], now: float,
+    ) -> dict[str, Any]:
+        """The unwindowed audit (`OneReadStore`): the totals, the gaps and the source events come from one
+        script call, so an apply call is in the report whole or not at all (a silence's unknown records never
+        without its `silent` event). The clock offsets and last policies, read before, only set the limits."""
+        offsets = (await self.clock_offsets()) | clock_offsets
+        last_policies = await self.tenant_policies()
+        snapshot = await self._snapshot(retention_limits(policies, last_policies), offsets, now, tenant)
+        inputs = AuditInputs([], snapshot.missing_batches, snapshot.source_events, offsets, last_policies,
+                             snapshot.changes_in_progress)
+        # Built on a worker thread: a large ledger must not stall the gateway's event loop.
+        return await asyncio.to_thread(build_summary_report, snapshot.summary, inputs, policies,
+                                       Window(now=now, since=None), tenant)
+
+    async def _snapshot(
+        self, limits: dict[str, float], offsets: dict[str, float], now: float, tenant: str | None,
+    ) -> _AuditSnapshot:
         await self._call(self._backfill, args=[self.prefix])
-        async with self._guard():
-            pipe = self.client.pipeline(transaction=False)
-            for name in ("tally", "closes", "openby"):
-                pipe.hgetall(self._key(name))
-            pipe.get(self._key("compacted_before"))
-            raw_tally, raw_closes, raw_openby, compacted = await pipe.execute()
-        tallies = [row for row in (_tally_row(field, packed) for field, packed in raw_tally.items())
+        args = [self.prefix, tenant or "", "0" if tenant is None else "1", repr(now),
+                msgspec.msgpack.encode(limits), msgspec.msgpack.encode(offsets)]
+        tally, closes, compacted, gaps, events, changing, lifetimes, ages = await self._call(self._audit_snapshot,
+                                                                                            args=args)
+        tallies = [row for row in (_tally_row(field, packed) for field, packed in _pairs(tally))
                    if tenant is None or row.tenant == tenant]
-        closes = [row for row in (_close_count(field, count) for field, count in raw_closes.items())
+        counts = [row for row in (_close_count(field, count) for field, count in _pairs(closes))
                   if tenant is None or row.tenant == tenant]
-        closed_pairs: dict[tuple[str, str], int] = {}
-        for row in tallies:
-            closed_pairs[(row.tenant, row.medium)] = closed_pairs.get((row.tenant, row.medium), 0) + row.removed
-        lifetimes = await self._lifetime_stats([pair for pair, removed in closed_pairs.items() if removed > 0], limits)
-        overdue, oldest = await self._open_ages(raw_openby, limits, offsets, now, tenant)
-        return LedgerSummary(tallies, closes, lifetimes, overdue, oldest,
-                             float(compacted) if compacted is not None else None)
-
-    async def _lifetime_stats(
-        self, pairs: list[tuple[str, str]], limits: dict[str, float],
-    ) -> dict[tuple[str, str], LifetimeStats]:
-        """Ranks and counts computed by Redis over each (tenant, medium)'s histogram; five numbers come back."""
-        if not pairs:
-            return {}
-        args: list[Any] = [self.prefix]
-        for tenant, medium in pairs:
-            limit = limits.get(tenant)
-            args += [SEP.join((tenant, medium)), "" if limit is None else repr(float(limit))]
-        rows = await self._call(self._lifetimes, args=args)
-        return {pair: _lifetime_row(row) for pair, row in zip(pairs, rows, strict=True)}
-
-    async def _open_ages(
-        self, raw_openby: dict[bytes, bytes], limits: dict[str, float], offsets: dict[str, float], now: float,
-        tenant: str | None,
-    ) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], float]]:
-        groups = [tuple(field.decode().split(SEP, 2)) for field, count in raw_openby.items() if int(count) > 0]
-        wanted = [(source, name, medium) for source, name, medium in groups if tenant is None or name == tenant]
-        async with self._guard():
-            pipe = self.client.pipeline(transaction=False)
-            for source, name, medium in wanted:
-                pipe.zrange(self._key("age:" + SEP.join((source, name, medium))), 0, 0, withscores=True)
-            firsts = await pipe.execute()
-        overdue: dict[tuple[str, str], int] = {}
-        oldest: dict[tuple[str, str], float] = {}
-        for (source, name, medium), first in zip(wanted, firsts, strict=True):
-            if not first:
-                continue
-            source_now = now - offsets.get(source, 0.0)
-            key = (name, medium)
-            age = source_now - float(first[0][1])
-            oldest[key] = max(oldest.get(key, 0.0), age)
-            limit = limits.get(name)
-            if limit is not None and age > limit:
-                async with self._guard():
-                    count = await _resolved(self.client.zcount(
-                        self._key("age:" + SEP.join((source, name, medium))), "-inf", f"({source_now - limit!r}"))
-                overdue[key] = overdue.get(key, 0) + int(count)
-        return overdue, oldest
+        overdue, oldest = _open_ages(ages, offsets, now)
+        summary = LedgerSummary(tallies, counts, {_tenant_medium(pair): _lifetime_row(row) for pair, row in lifetimes},
+                                overdue, oldest, float(compacted) if compacted else None)
+        return _AuditSnapshot(summary, _missing_totals(_pairs(gaps)), _source_events(events),
+                              _changes_by_source(_pairs(changing)))
 
     async def compact(self, before: float) -> int:
         """Delete closed records removed before `before`, a bounded slice per script call (the audit's totals
@@ -281,17 +266,18 @@ class RedisStore:
     async def missing_batches(self) -> dict[str, int]:
         async with self._guard():
             raw = await _resolved(self.client.hgetall(self._key("gaps")))
-        totals: dict[str, int] = {}
-        for field, missing in raw.items():
-            source = field.decode().split(SEP, 1)[0]
-            totals[source] = totals.get(source, 0) + int(missing)
-        return totals
+        return _missing_totals(raw.items())
 
     async def source_events(self) -> list[SourceEvent]:
         async with self._guard():
             raw = await _resolved(self.client.hgetall(self._key("events")))
-        events = [_source_event(msgspec.msgpack.decode(packed)) for packed in raw.values()]
-        return sorted(events, key=lambda event: event.learned_at)
+        return _source_events(raw.values())
+
+    async def changes_in_progress(self) -> dict[str, list[str]]:
+        """Per source, the kinds of whole-source ops a call left part done (see `P..changing`)."""
+        async with self._guard():
+            raw = await _resolved(self.client.hgetall(self._key("changing")))
+        return _changes_by_source(raw.items())
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -316,6 +302,62 @@ async def _resolved(value: Awaitable[T] | T) -> T:
     if inspect.isawaitable(value):
         return await value
     return value
+
+
+class _AuditSnapshot(NamedTuple):
+    """What one audit snapshot script call read."""
+
+    summary: LedgerSummary
+    missing_batches: dict[str, int]
+    source_events: list[SourceEvent]
+    changes_in_progress: dict[str, list[str]]
+
+
+def _pairs(flat: list[Any]) -> list[tuple[Any, Any]]:
+    """HGETALL's reply inside a script: field, value, field, value, ..."""
+    return list(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _tenant_medium(pair: bytes) -> tuple[str, str]:
+    tenant, medium = pair.decode().split(SEP)
+    return tenant, medium
+
+
+def _open_ages(
+    ages: list[list[Any]], offsets: dict[str, float], now: float,
+) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], float]]:
+    """Per (tenant, medium): open blocks past retention, and the oldest open block's age on its source's
+    clock, from each open (source, tenant, medium) group's oldest stored_at and count past retention."""
+    overdue: dict[tuple[str, str], int] = {}
+    oldest: dict[tuple[str, str], float] = {}
+    for group, first_stored, past_retention in ages:
+        source, tenant, medium = group.decode().split(SEP, 2)
+        key = (tenant, medium)
+        age = now - offsets.get(source, 0.0) - float(first_stored)
+        oldest[key] = max(oldest.get(key, 0.0), age)
+        if int(past_retention) >= 0:
+            overdue[key] = overdue.get(key, 0) + int(past_retention)
+    return overdue, oldest
+
+
+def _missing_totals(gaps: Iterable[tuple[bytes, bytes]]) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for field, missing in gaps:
+        source = field.decode().split(SEP, 1)[0]
+        totals[source] = totals.get(source, 0) + int(missing)
+    return totals
+
+
+def _changes_by_source(changing: Iterable[tuple[bytes, bytes]]) -> dict[str, list[str]]:
+    kinds: dict[str, list[str]] = {}
+    for field, kind in changing:
+        kinds.setdefault(field.decode().split(SEP, 1)[0], []).append(kind.decode())
+    return {source: sorted(found) for source, found in kinds.items()}
+
+
+def _source_events(packed_events: Iterable[bytes]) -> list[SourceEvent]:
+    events = [_source_event(msgspec.msgpack.decode(packed)) for packed in packed_events]
+    return sorted(events, key=lambda event: event.learned_at)
 
 
 class _Part(NamedTuple):

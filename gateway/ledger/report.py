@@ -94,6 +94,7 @@ class AuditInputs:
     source_events: list[SourceEvent]
     clock_offsets: dict[str, float] = field(default_factory=dict)
     last_policies: dict[str, TenantPolicyRecord] = field(default_factory=dict)
+    changes_in_progress: dict[str, list[str]] = field(default_factory=dict)
 
 
 def build_report(inputs: AuditInputs, policies: PolicySet, window: Window, tenant: str | None) -> dict[str, Any]:
@@ -316,7 +317,8 @@ def _percentile(ordered: list[float], fraction: float) -> float:
 
 def _gaps(policies: PolicySet, inputs: AuditInputs) -> list[dict[str, Any]]:
     sources = [spec.name for spec in plan_sources(policies.gateway)]
-    extra = (set(inputs.missing_batches) | {event.source for event in inputs.source_events}) - set(sources)
+    extra = (set(inputs.missing_batches) | {event.source for event in inputs.source_events}
+             | set(inputs.changes_in_progress)) - set(sources)
     return [_gap_view(source, inputs) for source in [*sources, *sorted(extra)]]
 
 
@@ -333,6 +335,7 @@ def _gap_view(source: str, inputs: AuditInputs) -> dict[str, Any]:
         "closed_without_removal": sum(event.closed for event in events if event.kind in SOURCE_EVENT_KINDS),
         "last_restart_or_loss_at": iso(max(event.learned_at for event in events)) if events else None,
         "clock_offset_s": round(offset, 3) if (offset := inputs.clock_offsets.get(source)) is not None else None,
+        "changes_in_progress": inputs.changes_in_progress.get(source, []),
     }
 
 

@@ -374,6 +374,10 @@ class SqliteStore:
     async def source_events(self) -> list[SourceEvent]:
         return await self._read(_source_events)
 
+    async def changes_in_progress(self) -> dict[str, list[str]]:
+        """None ever: a flush, whole-source ops included, is one transaction."""
+        return {}
+
     async def summary_report(
         self, policies: PolicySet, tenant: str | None, clock_offsets: dict[str, float], now: float,
     ) -> dict[str, Any]:

@@ -5,7 +5,9 @@ store on the process's one Redis pool (issue 10's store convention)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,8 @@ import redis
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
+from gateway.cli.audit import render
+from gateway.ledger.audit import AuditReadRaced, collect_audit
 from gateway.ledger.factory import open_store
 from gateway.ledger.records import (
     CONTROL_SEQ,
@@ -35,13 +39,14 @@ from gateway.settings import Settings
 from gateway.storage import Storage
 from gateway.tasks import TaskSupervisor
 from tests.harness import expected_salt
-from tests.ledger.audit_history import comparable, history, scan_and_summary
+from tests.ledger.audit_history import NOW, audit_policies, comparable, history, scan_and_summary
 from tests.ledger.publisher import VllmPublisher, stored
 from tests.ledger.redis_proc import RedisProcess
 from tests.ledger.support import SECRET, Backend, Running, counts, eventually, write_policies
 from tests.salt_vectors import LEDGER_SECRET
 
 # What the apply script keeps beside the records (the records, open sets, cursors and markers stay).
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # a window that holds every record
 AGGREGATE_KEYS = ("tally", "closes", "openby", "closed", "aggregates", "compacted_before")
 
 
@@ -230,5 +235,54 @@ def test_a_gateways_ledger_runs_on_the_storage_pool(
             assert await storage.redis_client().ping()  # type: ignore[misc]
         finally:
             await storage.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_audit_read_while_a_silence_is_part_applied_says_so(redis_server: RedisProcess) -> None:
+    """A silence over more open blocks than one call's budget marks them over several calls and records its
+    `silent` event with the last: a report read in between shows the partial count labelled as in progress,
+    never as a settled state (`unknown` blocks with no silence, or a silence with blocks still resident)."""
+    blocks, toggles = 600, 6
+
+    async def scenario() -> None:
+        store = await RedisStore.open(redis_server.url, _prefix())
+        try:
+            store.ops_per_call = 7  # about 90 calls per silence or resume
+            await store.apply([BatchOps("p/0", 0, 1.0, "v", [OpenOp("GPU", index, None, "acme", 1, 100.0 + index)
+                                                             for index in range(blocks)])])
+            done = asyncio.Event()
+            partial: list[tuple[int, list[str]]] = []
+
+            async def toggle() -> None:
+                for turn in range(toggles):
+                    op = SilenceOp(1000.0 + turn) if turn % 2 == 0 else ResumeOp(1000.0 + turn)
+                    await store.apply([BatchOps("p/0", CONTROL_SEQ, 2.0 + turn, "v", [op])])
+                done.set()
+
+            def check(report: dict[str, Any]) -> None:
+                gap = next(view for view in report["gaps"] if view["source"] == "p/0")
+                unknown, silent_now = report["tenants"]["acme"]["GPU"]["unknown"], gap["lost"] - gap["resumed"]
+                changing = gap["changes_in_progress"]
+                if not changing:
+                    assert (unknown, silent_now) in ((0, 0), (blocks, 1)), (unknown, gap)
+                    return
+                assert (changing, silent_now) in ((["silent"], 0), (["resumed"], 1)), gap
+                assert f"source p/0: {gap['missing_batches']} missing batches" in (table := render(report, "table"))
+                assert f"; in progress, counts part way: {changing[0]}" in table
+                partial.append((unknown, changing))
+
+            async def audit() -> None:
+                while not done.is_set():
+                    check(await collect_audit(store, audit_policies(), None, None, now=NOW))
+                    with contextlib.suppress(AuditReadRaced):  # read in pages: refused, not half a change
+                        check(await collect_audit(store, audit_policies(), None, EPOCH, now=NOW))
+
+            await asyncio.gather(toggle(), audit())
+            assert any(0 < unknown < blocks for unknown, _changing in partial)  # mid-change reads did happen
+            assert await store.changes_in_progress() == {}
+            check(await collect_audit(store, audit_policies(), None, EPOCH, now=NOW))
+        finally:
+            await store.close()
 
     asyncio.run(scenario())

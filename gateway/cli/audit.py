@@ -152,6 +152,9 @@ def _table(report: dict[str, Any], rows: list[tuple[Any, ...]]) -> str:
     cells = [COLUMNS, *[tuple(str(value) for value in row) for row in rows]]
     widths = [max(len(str(row[i])) for row in cells) for i in range(len(COLUMNS))]
     lines = [f"policy version {report['policy_version']}, generated {report['generated_at']}"]
+    if writes := report.get("writes_during_read", 0):
+        lines += [f"read while {writes} ledger writes landed: a block changed meanwhile may be counted in its "
+                  "earlier state, its later one, both or neither"]
     lines += ["  ".join(str(value).rjust(width) for value, width in zip(row, widths, strict=True)) for row in cells]
     lines += [f"source {gap['source']}: {gap['missing_batches']} missing batches, {gap['restarts']} restarts "
               f"({gap['restarts_presumed']} more presumed), "

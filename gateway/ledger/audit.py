@@ -9,11 +9,9 @@ from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from gateway.ledger.base import LedgerStore
-from gateway.ledger.records import BlockRecord, LedgerSummary, SourceEvent, TenantPolicyRecord
+from gateway.ledger.records import LedgerSummary, TenantPolicyRecord
 from gateway.ledger.report import AuditInputs, Window, build_report, build_summary_report
 from gateway.policy.loader import PolicySet
-
-WINDOWED_READ_ATTEMPTS = 5  # source-wide changes are rare (a silence takes `lost_after_s` of quiet)
 
 
 async def collect_audit(
@@ -27,34 +25,12 @@ async def collect_audit(
     since_ts = since.timestamp() if since is not None else None
     offsets = (await store.clock_offsets()) | (clock_offsets or {})
     last_policies = await store.tenant_policies()
-    records, missing, events, changing = await _windowed_reads(store, since_ts, tenant)
-    inputs = AuditInputs(records, missing, events, offsets, last_policies, changing)
+    read = await store.windowed_read(since_ts, tenant)
+    inputs = AuditInputs(read.records, read.missing_batches, read.source_events, offsets, last_policies,
+                         read.changes_in_progress, read.writes_during_read)
     window = Window(now=time.time() if now is None else now, since=since_ts)
     # Built on a worker thread: a large ledger must not stall the gateway's event loop.
     return await asyncio.to_thread(build_report, inputs, policies, window, tenant)
-
-
-class AuditReadRaced(RuntimeError):
-    """The ledger's sources kept changing state (silenced, resumed, restarted) while the records were read."""
-
-
-async def _windowed_reads(
-    store: LedgerStore, since: float | None, tenant: str | None,
-) -> tuple[list[BlockRecord], dict[str, int], list[SourceEvent], dict[str, list[str]]]:
-    """The records, the gaps, the source events and the whole-source changes in progress, consistent with each
-    other. The records are read in pages (a large ledger is never read in one call), so a change over a whole
-    source (a silence marking its records unknown, a resumption, a restart closing them) could land in the
-    middle; each such change is either in progress or has recorded its source event. So the records count
-    only when read between two equal readings of both."""
-    state = (await store.source_events(), await store.changes_in_progress())
-    for _attempt in range(WINDOWED_READ_ATTEMPTS):
-        records = await store.records(since, tenant)
-        missing = await store.missing_batches()
-        after = (await store.source_events(), await store.changes_in_progress())
-        if after == state:
-            return records, missing, *state
-        state = after
-    raise AuditReadRaced(f"the ledger's sources changed state during each of {WINDOWED_READ_ATTEMPTS} reads")
 
 
 @runtime_checkable

@@ -16,11 +16,16 @@ from gateway.ledger.records import (
     SaltDigestEntry,
     SourceEvent,
     TenantPolicyRecord,
+    WindowedRead,
 )
 
 
 class StoreUnavailable(Exception):
     """The backend cannot be reached now; the caller keeps its writes and tries again later."""
+
+
+class AuditReadRaced(Exception):
+    """The ledger's sources kept changing state (silenced, resumed, restarted) while the records were read."""
 
 
 class LedgerStore(Protocol):
@@ -50,14 +55,14 @@ class LedgerStore(Protocol):
         """Records resident now or removed at or after `since` (all records when None)."""
         ...
 
+    async def windowed_read(self, since: float | None, tenant: str | None) -> WindowedRead:
+        """`records(since, tenant)` with the gaps, source events and changes in progress that agree with them
+        (no record unknown without its silence's event); raises `AuditReadRaced` when that cannot be had."""
+        ...
+
     async def missing_batches(self) -> dict[str, int]: ...
 
     async def source_events(self) -> list[SourceEvent]: ...
-
-    async def changes_in_progress(self) -> dict[str, list[str]]:
-        """Per source, the kinds (`silent`, `resumed`, a close reason) of ops over the whole source that are
-        part applied: their records are partly changed and their source event is not recorded yet."""
-        ...
 
     async def record_clock(self, offsets: dict[str, float], at: float) -> None:
         """Per source, the estimated publisher clock offset (gateway time - publisher time), in seconds."""

@@ -192,6 +192,18 @@ class SourceEvent:
 
 
 @dataclass(frozen=True)
+class WindowedRead:
+    """What a windowed audit reads: the records resident now or removed in the window, with the gaps, the
+    source events and the whole-source changes in progress that agree with them."""
+
+    records: list[BlockRecord]
+    missing_batches: dict[str, int]
+    source_events: list[SourceEvent]
+    changes_in_progress: dict[str, list[str]]
+    writes_during_read: int  # store writes that landed while the records were read (0: as of one instant)
+
+
+@dataclass(frozen=True)
 class TenantPolicyRecord:
     """The last policy that named a tenant, kept so a tenant removed from policy is still judged."""
 

@@ -24,6 +24,8 @@ Redis layout under the prefix P:
   P..aggkeys   SET of the life:/age: keys above (so a rebuild can delete them without KEYS)
   P..aggregates  "1" once the totals above describe every record (set by BACKFILL_LUA)
   P..compacted_before  closed records removed before this time are only in the totals
+  P..writes    counter of apply calls and of compaction calls that deleted records (a paged read of P..rec
+               compares it before and after, to say whether it read the records as of one instant)
   P..changing  HASH source \x1f <seq>:<ts> -> kind   (an op over a whole source that a call left part done: the
                audit says so, since its source event is recorded only when its last record is)
 Batches arrive as msgpack [[source, seq, ts_text, policy_version, ops, first, last], ...]: a batch larger than one
@@ -411,6 +413,7 @@ for b = 1, #batches do
   end
 end
 write_tallies()
+redis.call("INCR", prefix .. "writes")
 return results  -- {first part to send again (0: none), then per part 1 when its batch completed now}
 """
 
@@ -458,6 +461,7 @@ for i = 1, #ids do
 end
 local current = redis.call("GET", prefix .. "compacted_before")
 if not current or before > tonumber(current) then redis.call("SET", prefix .. "compacted_before", ARGV[2]) end
+if #ids > 0 then redis.call("INCR", prefix .. "writes") end
 return #ids
 """
 

@@ -19,7 +19,7 @@ import redis.exceptions
 
 from gateway.kvevents.sequence import Cursor
 from gateway.ledger.audit import retention_limits
-from gateway.ledger.base import StoreUnavailable
+from gateway.ledger.base import AuditReadRaced, StoreUnavailable
 from gateway.ledger.hashcodec import from_token, to_token
 from gateway.ledger.records import (
     BatchOps,
@@ -40,6 +40,7 @@ from gateway.ledger.records import (
     SourceEvent,
     TallyRow,
     TenantPolicyRecord,
+    WindowedRead,
 )
 from gateway.ledger.redis_script import (
     APPLY_LUA,
@@ -54,6 +55,8 @@ from gateway.policy.loader import PolicySet
 T = TypeVar("T")
 DEFAULT_PREFIX = "kvgate:ledger:"
 MARKER_TTL_S = 86_400
+WINDOWED_READ_ATTEMPTS = 5  # source-wide changes are rare (a silence takes `lost_after_s` of quiet)
+SCAN_PAGE = 5_000  # records per HSCAN call of a windowed audit
 OPS_PER_CALL = 5_000  # keeps one script call short (well under a client's 2 s timeout), so Redis stays responsive
 COMPACT_SLICE = 10_000  # closed records deleted per script call; the event loop and Redis breathe in between
 SEP = "\x1f"
@@ -71,6 +74,7 @@ class RedisStore:
         self.owns_client = owns_client
         self.compact_slice = COMPACT_SLICE
         self.ops_per_call = OPS_PER_CALL
+        self.scan_page = SCAN_PAGE
         self._apply = client.register_script(APPLY_LUA)
         self._remember = client.register_script(REMEMBER_SALTS_LUA)
         self._backfill = client.register_script(BACKFILL_LUA)
@@ -198,19 +202,43 @@ class RedisStore:
         return records
 
     async def records(self, since: float | None, tenant: str | None) -> list[BlockRecord]:
-        records = []
-        async for row in self._record_rows():
-            record = _block_record(row)
-            if tenant is not None and record.tenant != tenant:
-                continue
-            if since is None or record.removed_at is None or record.removed_at >= since:
-                records.append(record)
-        return records
-
-    async def _record_rows(self) -> AsyncIterator[list[Any]]:
+        """Read in HSCAN pages, each record once (HSCAN may return one twice while the hash grows)."""
+        records: dict[bytes, BlockRecord] = {}
         async with self._guard():
-            async for _id, packed in self.client.hscan_iter(self._key("rec"), count=5000):
-                yield msgspec.msgpack.decode(packed)
+            async for record_id, packed in self.client.hscan_iter(self._key("rec"), count=self.scan_page):
+                record = _block_record(msgspec.msgpack.decode(packed))
+                if tenant is not None and record.tenant != tenant:
+                    continue
+                if since is None or record.removed_at is None or record.removed_at >= since:
+                    records[record_id] = record
+        return list(records.values())
+
+    async def windowed_read(self, since: float | None, tenant: str | None) -> WindowedRead:
+        """The records are read in pages (a large ledger is never read in one call), so a change over a whole
+        source (a silence marking its records unknown, a resumption, a restart closing them) could land in the
+        middle; each such change is either in progress or has recorded its source event, so the records count
+        only when read between two equal readings of both. Ordinary writes that land meanwhile are counted
+        (`writes_during_read`): the report then says its records are not of one instant."""
+        state = await self._source_state()
+        for _attempt in range(WINDOWED_READ_ATTEMPTS):
+            records = await self.records(since, tenant)
+            missing = await self.missing_batches()
+            after = await self._source_state()
+            if after[:2] == state[:2]:
+                events, changing, writes_before = state
+                return WindowedRead(records, missing, events, changing, after[2] - writes_before)
+            state = after
+        raise AuditReadRaced(f"the ledger's sources changed state during each of {WINDOWED_READ_ATTEMPTS} reads")
+
+    async def _source_state(self) -> tuple[list[SourceEvent], dict[str, list[str]], int]:
+        """The source events, the changes in progress and the write counter, read together."""
+        async with self._guard():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hvals(self._key("events"))
+            pipe.hgetall(self._key("changing"))
+            pipe.get(self._key("writes"))
+            events, changing, writes = await pipe.execute()
+        return _source_events(events), _changes_by_source(changing.items()), int(writes or 0)
 
     async def summary(
         self, limits: dict[str, float], offsets: dict[str, float], now: float, tenant: str | None,
@@ -274,7 +302,8 @@ class RedisStore:
         return _source_events(raw.values())
 
     async def changes_in_progress(self) -> dict[str, list[str]]:
-        """Per source, the kinds of whole-source ops a call left part done (see `P..changing`)."""
+        """Per source, the kinds (`silent`, `resumed`, a close reason) of ops over the whole source that a call
+        left part done (see `P..changing`): their records are partly changed, their source event not recorded."""
         async with self._guard():
             raw = await _resolved(self.client.hgetall(self._key("changing")))
         return _changes_by_source(raw.items())

@@ -95,6 +95,7 @@ class AuditInputs:
     clock_offsets: dict[str, float] = field(default_factory=dict)
     last_policies: dict[str, TenantPolicyRecord] = field(default_factory=dict)
     changes_in_progress: dict[str, list[str]] = field(default_factory=dict)
+    writes_during_read: int = 0  # store writes that landed while the records were read in pages
 
 
 def build_report(inputs: AuditInputs, policies: PolicySet, window: Window, tenant: str | None) -> dict[str, Any]:
@@ -107,6 +108,7 @@ def build_report(inputs: AuditInputs, policies: PolicySet, window: Window, tenan
         "generated_at": iso(window.now),
         "policy_version": policies.version,
         "since": iso(window.since) if window.since is not None else None,
+        "writes_during_read": inputs.writes_during_read,
         "gaps": _gaps(policies, inputs),
         # What the events of LMCache pools never report: such blocks stay resident here, never shown removed.
         "unobserved": _unobserved(policies),
@@ -264,6 +266,7 @@ def build_summary_report(
         "generated_at": iso(window.now),
         "policy_version": policies.version,
         "since": None,
+        "writes_during_read": 0,  # read in one snapshot
         "gaps": _gaps(policies, inputs),
         "unobserved": _unobserved(policies),
         "tenants": {name: _tenant_view(judges.get(name), tallies.get(name, {}), window, gap_reasons,

@@ -49,6 +49,7 @@ from gateway.ledger.records import (
     SilenceOp,
     SourceEvent,
     TenantPolicyRecord,
+    WindowedRead,
 )
 from gateway.ledger.report import AuditInputs
 from gateway.policy.loader import PolicySet
@@ -335,7 +336,8 @@ class SqliteStore:
     async def tenant_policies(self) -> dict[str, TenantPolicyRecord]:
         return await self._read(_tenant_policies)
 
-    async def records(self, since: float | None, tenant: str | None) -> list[BlockRecord]:
+    @staticmethod
+    def _records_query(since: float | None, tenant: str | None) -> tuple[str, tuple[Any, ...]]:
         closed: list[str] = ["1 = 1"]
         opened: list[str] = ["1 = 1"]
         params: list[Any] = []
@@ -350,7 +352,14 @@ class SqliteStore:
                f"SELECT source, medium, tenant, epoch, stored_at, NULL, NULL, policy_version, unknown_since "
                f"FROM ledger_open WHERE {' AND '.join(opened)}")
         params += [tenant] if tenant is not None else []
-        return [BlockRecord(*row) for row in await self._read(_select, sql, tuple(params))]
+        return sql, tuple(params)
+
+    async def records(self, since: float | None, tenant: str | None) -> list[BlockRecord]:
+        return [BlockRecord(*row) for row in await self._read(_select, *self._records_query(since, tenant))]
+
+    async def windowed_read(self, since: float | None, tenant: str | None) -> WindowedRead:
+        """Everything in one read snapshot: a flush, whole-source ops included, is one transaction."""
+        return await self._read(_windowed_read, *self._records_query(since, tenant))
 
     async def summary(
         self, limits: dict[str, float], offsets: dict[str, float], now: float, tenant: str | None,
@@ -373,10 +382,6 @@ class SqliteStore:
 
     async def source_events(self) -> list[SourceEvent]:
         return await self._read(_source_events)
-
-    async def changes_in_progress(self) -> dict[str, list[str]]:
-        """None ever: a flush, whole-source ops included, is one transaction."""
-        return {}
 
     async def summary_report(
         self, policies: PolicySet, tenant: str | None, clock_offsets: dict[str, float], now: float,
@@ -402,6 +407,11 @@ def _missing_batches(db: sqlite3.Connection) -> dict[str, int]:
 def _source_events(db: sqlite3.Connection) -> list[SourceEvent]:
     sql = "SELECT source, kind, boundary_ts, learned_at, closed FROM ledger_source_events ORDER BY learned_at"
     return [SourceEvent(*row) for row in db.execute(sql)]
+
+
+def _windowed_read(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> WindowedRead:
+    records = [BlockRecord(*row) for row in _select(db, sql, params)]
+    return WindowedRead(records, _missing_batches(db), _source_events(db), {}, 0)
 
 
 def _summary_report(

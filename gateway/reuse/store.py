@@ -169,9 +169,11 @@ class RedisTraceStore:
     async def erase(self, tenant: str, below_epoch: int | None = None) -> int:
         key = self._key(tenant)
         if below_epoch is None:
-            count = await cast(Awaitable[int], self._redis.zcard(key))
-            await self._redis.delete(key)
-            return count
+            async with self._redis.pipeline(transaction=True) as pipe:  # MULTI: the count is of what was deleted
+                pipe.zcard(key)
+                pipe.delete(key)
+                count, _deleted = await pipe.execute()
+            return int(count)
         raw = await cast(Awaitable[list[bytes]], self._redis.zrange(key, 0, -1))
         stale = [member for member in raw if decode_record(member[8:]).epoch < below_epoch]
         if stale:

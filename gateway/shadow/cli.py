@@ -43,6 +43,6 @@ async def _summaries(settings: Settings, tenants: list[str]) -> dict[str, Any]:
     storage = await Storage.open(settings.redis_url, settings.state_path)
     try:
         store = await open_shadow_store(storage)
-        return {tenant: tenant_summary(await store.pairs(tenant), await store.counts(tenant)) for tenant in tenants}
+        return {tenant: tenant_summary(*await store.results(tenant)) for tenant in tenants}
     finally:
         await storage.close()

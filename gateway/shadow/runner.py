@@ -165,8 +165,8 @@ class ShadowRunner:
 
     async def _tenant_report(self, tenant: str, recent_pairs: int) -> dict[str, Any]:
         store = self.recorder.store
-        pairs = await store.pairs(tenant)
-        summary = tenant_summary(pairs, await store.counts(tenant))
+        pairs, counts = await store.results(tenant)
+        summary = tenant_summary(pairs, counts)
         if recent_pairs:
             summary["recent_pairs"] = [dataclasses.asdict(pair) for pair in pairs[:recent_pairs]]
         return summary

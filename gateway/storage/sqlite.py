@@ -91,6 +91,21 @@ class SqliteWorker:
         """Run `work(connection, *args)` in one transaction: all of it commits, or none of it."""
         return await self._submit(self._in_transaction, work, args)
 
+    async def snapshot(self, work: Callable[..., T], *args: Any) -> T:
+        """Run `work(connection, *args)` in one read transaction: every statement sees the same committed state,
+        whatever other connections (worker processes, tools) commit meanwhile."""
+        return await self._submit(self._in_snapshot, work, args)
+
+    def _in_snapshot(self, work: Callable[..., T], args: tuple[Any, ...]) -> T:
+        db = self.db
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        db.execute("BEGIN")
+        try:
+            return work(db, *args)
+        finally:
+            _rollback(db)  # nothing was written: ending the read transaction is all that is left
+
     def _in_transaction(self, work: Callable[..., T], args: tuple[Any, ...]) -> T:
         db = self.db
         if db.in_transaction:  # a COMMIT that failed earlier (the file was busy) left one open: start clean

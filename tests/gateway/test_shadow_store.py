@@ -61,11 +61,41 @@ def test_one_write_adds_pairs_and_counts(store_factory: StoreFactory) -> None:
         store, storage = await store_factory()
         await store.write([pair("a", 0), pair("a", 1), pair("b", 2)], {("a", "compared"): 2, ("a", "dropped"): 3})
         await store.write([pair("a", 3)], {("a", "compared"): 1, ("b", "error"): 1})
-        assert [p.request_id for p in await store.pairs("a")] == ["r3", "r1", "r0"]  # newest first
-        assert await store.pairs("b") == [pair("b", 2)]
-        assert await store.counts("a") == {"compared": 3, "dropped": 3}
-        assert await store.counts("b") == {"error": 1}
+        assert [p.request_id for p in (await store.results("a")).pairs] == ["r3", "r1", "r0"]  # newest first
+        assert (await store.results("b")).pairs == [pair("b", 2)]
+        assert (await store.results("a")).counts == {"compared": 3, "dropped": 3}
+        assert (await store.results("b")).counts == {"error": 1}
         await storage.close()
+
+    asyncio.run(run())
+
+
+def test_a_report_reads_pairs_and_counts_together(store_factory: StoreFactory) -> None:
+    """Each write adds one pair and counts it as compared: the two reads a report makes agree, whatever writes
+    land meanwhile (they were two separate reads, so a write could fall between them)."""
+    writes = 150
+
+    async def run() -> None:
+        store, storage = await store_factory()
+        done = asyncio.Event()
+        seen: set[int] = set()
+
+        async def write() -> None:
+            for index in range(writes):
+                await store.write([pair("a", index)], {("a", "compared"): 1})
+            done.set()
+
+        async def read() -> None:
+            while not done.is_set():
+                pairs, counts = await store.results("a")
+                assert len(pairs) == counts.get("compared", 0)
+                seen.add(len(pairs))
+
+        try:
+            await asyncio.gather(write(), read())
+        finally:
+            await storage.close()
+        assert len(seen) > 1  # the reads did overlap the writes
 
     asyncio.run(run())
 
@@ -75,10 +105,10 @@ def test_only_the_latest_pairs_are_kept_per_tenant(store_factory: StoreFactory) 
         store, storage = await store_factory()
         await store.write([pair("a", index) for index in range(KEEP_PAIRS)], {})
         await store.write([pair("a", KEEP_PAIRS + index) for index in range(3)] + [pair("b", 0)], {})
-        kept = await store.pairs("a")
+        kept = (await store.results("a")).pairs
         assert len(kept) == KEEP_PAIRS
         assert (kept[0].request_id, kept[-1].request_id) == (f"r{KEEP_PAIRS + 2}", "r3")
-        assert len(await store.pairs("b")) == 1
+        assert len((await store.results("b")).pairs) == 1
         await storage.close()
 
     asyncio.run(run())
@@ -111,8 +141,8 @@ def test_recorder_keeps_results_while_redis_is_down_and_writes_them_when_it_retu
         server.start()  # same port, empty: only what the recorder still holds can appear
         recorder.add_pair(pair("a", 2))
         assert await recorder.flush()
-        assert [p.request_id for p in await recorder.store.pairs("a")] == ["r2", "r1"]
-        assert await recorder.store.counts("a") == {"compared": 2, "dropped": 1}
+        assert [p.request_id for p in (await recorder.store.results("a")).pairs] == ["r2", "r1"]
+        assert (await recorder.store.results("a")).counts == {"compared": 2, "dropped": 1}
         await storage.close()
 
     try:
@@ -129,10 +159,10 @@ def test_recorder_writer_loop_writes_without_being_asked(tmp_path: Path) -> None
             writer = group.create_task(recorder.run())
             recorder.add_pair(pair("a", 0))
             async with asyncio.timeout(30):  # a deadline for the poll, not a timing assertion
-                while not await recorder.store.counts("a"):
+                while not (await recorder.store.results("a")).counts:
                     await asyncio.sleep(0.01)  # polling the store until the writer's batch lands
             writer.cancel()
-        assert await recorder.store.counts("a") == {"compared": 1}
+        assert (await recorder.store.results("a")).counts == {"compared": 1}
         await storage.close()
 
     asyncio.run(run())

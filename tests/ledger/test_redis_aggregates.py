@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 from gateway.cli.audit import render
-from gateway.ledger.audit import AuditReadRaced, collect_audit
+from gateway.ledger.audit import collect_audit
+from gateway.ledger.base import AuditReadRaced
 from gateway.ledger.factory import open_store
 from gateway.ledger.records import (
     CONTROL_SEQ,
@@ -282,6 +283,50 @@ def test_an_audit_read_while_a_silence_is_part_applied_says_so(redis_server: Red
             assert any(0 < unknown < blocks for unknown, _changing in partial)  # mid-change reads did happen
             assert await store.changes_in_progress() == {}
             check(await collect_audit(store, audit_policies(), None, EPOCH, now=NOW))
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_windowed_audit_says_when_writes_landed_while_it_read_the_records(redis_server: RedisProcess) -> None:
+    """Records are read in HSCAN pages. A block closed and stored again meanwhile (a new record) can be read
+    in both states, so a report that did not see one instant must say so: with `writes_during_read` 0 the
+    counts are exact, and otherwise the count of writes is given."""
+    blocks, rounds = 400, 40
+
+    async def scenario() -> None:
+        store = await RedisStore.open(redis_server.url, _prefix())
+        try:
+            store.scan_page = 20  # many pages, so writes land between them
+            await store.apply([BatchOps("p/0", 0, 1.0, "v", [OpenOp("GPU", index, None, "acme", 1, 100.0)
+                                                             for index in range(blocks)])])
+            done = asyncio.Event()
+            mixed: list[int] = []
+
+            async def churn() -> None:  # every block stays resident: each batch closes and stores it again
+                for turn in range(1, rounds + 1):
+                    ops: list[Op] = []
+                    for index in range(turn % 7, blocks, 7):
+                        ops += [CloseOp("GPU", index, 100.0 + turn), OpenOp("GPU", index, None, "acme", 1,
+                                                                             100.0 + turn)]
+                    await store.apply([BatchOps("p/0", turn, 1.0 + turn, "v", ops)])
+                done.set()
+
+            async def audit() -> None:
+                while not done.is_set():
+                    report = await collect_audit(store, audit_policies(), None, EPOCH, now=NOW)
+                    resident = report["tenants"]["acme"]["GPU"]["resident"]
+                    if report["writes_during_read"] == 0:
+                        assert resident == blocks
+                    else:
+                        mixed.append(resident)
+
+            await asyncio.gather(churn(), audit())
+            assert any(resident != blocks for resident in mixed)  # the label was needed: a read mixed states
+            settled = await collect_audit(store, audit_policies(), None, EPOCH, now=NOW)
+            assert settled["writes_during_read"] == 0 and settled["tenants"]["acme"]["GPU"]["resident"] == blocks
+            assert (await collect_audit(store, audit_policies(), None, None, now=NOW))["writes_during_read"] == 0
         finally:
             await store.close()
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.kvevents.sequence import Cursor
-from gateway.ledger.audit import AuditReadRaced, OneReadStore, collect_audit
-from gateway.ledger.base import LedgerStore
+from gateway.ledger.audit import OneReadStore, collect_audit
+from gateway.ledger.base import AuditReadRaced, LedgerStore
 from gateway.ledger.records import (
     CONTROL_SEQ,
     BatchOps,

@@ -91,6 +91,31 @@ def test_retention_and_forget(make_store: StoreSession) -> None:
     with_store(make_store, 100, check)
 
 
+def test_an_erasure_counts_exactly_what_it_deleted_while_writes_go_on(make_store: StoreSession) -> None:
+    """`kvgate tenant forget` prints the count as its receipt: every record written is either counted by an
+    erasure or still there (the Redis store counted, then deleted, in two commands)."""
+    async def check(store: TraceStore) -> None:
+        done = asyncio.Event()
+        written, erased = 0, 0
+
+        async def write() -> None:
+            nonlocal written
+            for index in range(200):
+                await store.write([record("a", float(index))])
+                written += 1
+            done.set()
+
+        async def erase() -> None:
+            nonlocal erased
+            while not done.is_set():
+                erased += await store.erase("a")
+
+        await asyncio.gather(write(), erase())
+        assert erased > 0 and erased + len(await store.read("a", None)) == written
+
+    with_store(make_store, 1000, check)
+
+
 def test_the_bound_counts_what_expiry_and_erasure_removed(make_store: StoreSession) -> None:
     """Wrong version: a count that forgets deletions trims records that are within the bound."""
     async def check(store: TraceStore) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import msgspec
 
@@ -13,13 +13,19 @@ KEEP_PAIRS = 5000  # per tenant: enough for stable quantiles, bounded in size
 OutcomeCounts = dict[tuple[str, str], int]  # (tenant, outcome) → how many more
 
 
+class TenantResults(NamedTuple):
+    pairs: list[PairRecord]
+    counts: dict[str, int]
+
+
 class ShadowStore(Protocol):
     async def write(self, pairs: list[PairRecord], counts: OutcomeCounts) -> None:
         """Append pairs and add to outcome counters, all in one atomic write."""
 
-    async def pairs(self, tenant: str) -> list[PairRecord]: ...
-
-    async def counts(self, tenant: str) -> dict[str, int]: ...
+    async def results(self, tenant: str) -> TenantResults:
+        """The tenant's kept pairs (newest first) and its counters, read together: a write is in both or in
+        neither."""
+        ...
 
     async def close(self) -> None: ...
 

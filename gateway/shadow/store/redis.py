@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from gateway.shadow.compare import PairRecord
-from gateway.shadow.store.base import KEEP_PAIRS, OutcomeCounts, decode_pair, encode_pair
+from gateway.shadow.store.base import KEEP_PAIRS, OutcomeCounts, TenantResults, decode_pair, encode_pair
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -30,14 +29,13 @@ class RedisShadowStore:
                 pipe.hincrby(f"{REDIS_PREFIX}:counts:{tenant}", outcome, n)
             await pipe.execute()
 
-    async def pairs(self, tenant: str) -> list[PairRecord]:
-        pending = self._redis.lrange(f"{REDIS_PREFIX}:pairs:{tenant}", 0, KEEP_PAIRS - 1)
-        raw = await cast(Awaitable[list[bytes]], pending)
-        return [decode_pair(item) for item in raw]
-
-    async def counts(self, tenant: str) -> dict[str, int]:
-        raw = await cast(Awaitable[dict[bytes, bytes]], self._redis.hgetall(f"{REDIS_PREFIX}:counts:{tenant}"))
-        return {key.decode(): int(value) for key, value in raw.items()}
+    async def results(self, tenant: str) -> TenantResults:
+        async with self._redis.pipeline(transaction=True) as pipe:  # MULTI: a write lands before or after both
+            pipe.lrange(f"{REDIS_PREFIX}:pairs:{tenant}", 0, KEEP_PAIRS - 1)
+            pipe.hgetall(f"{REDIS_PREFIX}:counts:{tenant}")
+            raw_pairs, raw_counts = await pipe.execute()
+        return TenantResults([decode_pair(item) for item in raw_pairs],
+                             {key.decode(): int(value) for key, value in raw_counts.items()})
 
     async def close(self) -> None:
         return None  # the client belongs to the process's Storage

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
 
 from gateway.shadow.compare import PairRecord
-from gateway.shadow.store.base import KEEP_PAIRS, OutcomeCounts, decode_pair, encode_pair
+from gateway.shadow.store.base import KEEP_PAIRS, OutcomeCounts, TenantResults, decode_pair, encode_pair
 from gateway.storage.sqlite import SqliteWorker
 
 SCHEMA = (
@@ -37,14 +36,8 @@ class SqliteShadowStore:
         rows = [(pair.tenant, encode_pair(pair)) for pair in pairs]
         await self.worker.transaction(_write, rows, [(*key, n) for key, n in counts.items()])
 
-    async def pairs(self, tenant: str) -> list[PairRecord]:
-        sql = "SELECT pair FROM shadow_pairs WHERE tenant = ? ORDER BY id DESC LIMIT ?"
-        rows = await self.worker.run(_fetch, sql, (tenant, KEEP_PAIRS))
-        return [decode_pair(row[0]) for row in rows]
-
-    async def counts(self, tenant: str) -> dict[str, int]:
-        rows = await self.worker.run(_fetch, "SELECT outcome, n FROM shadow_counts WHERE tenant = ?", (tenant,))
-        return {str(outcome): int(n) for outcome, n in rows}
+    async def results(self, tenant: str) -> TenantResults:
+        return await self.worker.snapshot(_results, tenant)
 
     async def close(self) -> None:
         return None  # the worker belongs to the process's Storage
@@ -61,5 +54,8 @@ def _write(db: sqlite3.Connection, rows: list[tuple[str, bytes]], counts: list[t
     db.executemany(COUNT_SQL, counts)
 
 
-def _fetch(db: sqlite3.Connection, sql: str, args: tuple[object, ...]) -> list[tuple[Any, ...]]:
-    return db.execute(sql, args).fetchall()
+def _results(db: sqlite3.Connection, tenant: str) -> TenantResults:
+    pairs = db.execute("SELECT pair FROM shadow_pairs WHERE tenant = ? ORDER BY id DESC LIMIT ?", (tenant, KEEP_PAIRS))
+    kept = [decode_pair(row[0]) for row in pairs]
+    counts = db.execute("SELECT outcome, n FROM shadow_counts WHERE tenant = ?", (tenant,))
+    return TenantResults(kept, {str(outcome): int(n) for outcome, n in counts})

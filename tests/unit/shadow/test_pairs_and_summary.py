@@ -277,7 +277,7 @@ def test_shadows_over_the_tenants_cap_are_dropped_and_counted(tmp_path: Any) -> 
         assert runner.mirror(policies, tenant(max_in_flight=0), call(False)) is None
         assert runner.mirror(policies, tenant(max_in_flight=0), call(False)) is None
         await runner.recorder.flush()
-        assert await runner.recorder.store.counts("acme") == {"dropped": 2}
+        assert (await runner.recorder.store.results("acme")).counts == {"dropped": 2}
         dropped = runner.metrics.registry.get_sample_value("kvgate_shadow_requests_total",
                                                            {"tenant": "acme", "outcome": "dropped"})
         assert dropped == 2

@@ -66,10 +66,10 @@ def run_with(backend: tuple[str | None, Path], body: Callable[[ShadowStore], Awa
 @pytest.mark.redis
 def test_an_empty_store_has_no_pairs_and_no_counts(backend: tuple[str | None, Path]) -> None:
     async def body(store: ShadowStore) -> None:
-        assert await store.pairs("acme") == []
-        assert await store.counts("acme") == {}
+        assert (await store.results("acme")).pairs == []
+        assert (await store.results("acme")).counts == {}
         await store.write([], {})  # nothing to write is not an error
-        assert await store.pairs("acme") == []
+        assert (await store.results("acme")).pairs == []
 
     run_with(backend, body)
 
@@ -79,9 +79,9 @@ def test_pairs_come_back_newest_first_per_tenant(backend: tuple[str | None, Path
     async def body(store: ShadowStore) -> None:
         await store.write([pair("acme", 0), pair("beta", 1), pair("acme", 2)], {})
         await store.write([pair("acme", 3)], {})
-        assert [p.request_id for p in await store.pairs("acme")] == ["req-3", "req-2", "req-0"]
-        assert await store.pairs("beta") == [pair("beta", 1)]
-        assert await store.pairs("nobody") == []
+        assert [p.request_id for p in (await store.results("acme")).pairs] == ["req-3", "req-2", "req-0"]
+        assert (await store.results("beta")).pairs == [pair("beta", 1)]
+        assert (await store.results("nobody")).pairs == []
 
     run_with(backend, body)
 
@@ -91,8 +91,8 @@ def test_counts_add_up_across_writes_per_tenant_and_outcome(backend: tuple[str |
     async def body(store: ShadowStore) -> None:
         await store.write([], {("acme", "compared"): 2, ("acme", "dropped"): 1, ("beta", "error"): 4})
         await store.write([], {("acme", "compared"): 3})
-        assert await store.counts("acme") == {"compared": 5, "dropped": 1}
-        assert await store.counts("beta") == {"error": 4}
+        assert (await store.results("acme")).counts == {"compared": 5, "dropped": 1}
+        assert (await store.results("beta")).counts == {"error": 4}
 
     run_with(backend, body)
 
@@ -120,8 +120,8 @@ def test_only_the_latest_pairs_are_kept_per_tenant(backend: tuple[str | None, Pa
         store = await open_shadow_store(storage)
         await store.write([pair("acme", n) for n in range(2)] + [pair("beta", 9)], {})
         await store.write([pair("acme", n) for n in range(2, 7)], {})
-        assert [p.request_id for p in await store.pairs("acme")] == ["req-6", "req-5", "req-4"]
-        assert await store.pairs("beta") == [pair("beta", 9)]  # another tenant's pairs are not trimmed away
+        assert [p.request_id for p in (await store.results("acme")).pairs] == ["req-6", "req-5", "req-4"]
+        assert (await store.results("beta")).pairs == [pair("beta", 9)]  # another tenant's pairs are not trimmed away
         assert (await held(storage, "acme"), await held(storage, "beta")) == (3, 1)  # bounded underneath
         await storage.close()
 
@@ -135,7 +135,7 @@ def test_every_field_of_a_pair_survives_the_store(backend: tuple[str | None, Pat
 
     async def body(store: ShadowStore) -> None:
         await store.write([odd], {})
-        assert await store.pairs("acme") == [odd]
+        assert (await store.results("acme")).pairs == [odd]
 
     run_with(backend, body)
 
@@ -147,7 +147,8 @@ def test_a_failed_sqlite_write_leaves_neither_pairs_nor_counts(tmp_path: Path) -
         await storage.sqlite_worker().run(lambda db: db.execute("DROP TABLE shadow_counts"))
         with pytest.raises(sqlite3.OperationalError):
             await store.write([pair()], {("acme", "compared"): 1})
-        assert await store.pairs("acme") == []  # the pair inserted before the failure was rolled back
+        kept = await storage.sqlite_worker().run(lambda db: db.execute("SELECT COUNT(*) FROM shadow_pairs").fetchone())
+        assert kept == (0,)  # the pair inserted before the failure was rolled back
         await storage.close()
 
     asyncio.run(run())
@@ -188,12 +189,12 @@ def test_recorded_results_reach_the_store_in_one_flush(tmp_path: Path) -> None:
         recorder.add_pair(pair("acme", 1))
         recorder.count("acme", "dropped")
         recorder.count("acme", "dropped")
-        assert await store.pairs("acme") == []  # held in memory until a flush
+        assert (await store.results("acme")).pairs == []  # held in memory until a flush
         assert await recorder.flush() is True
-        assert await store.pairs("acme") == [pair("acme", 1)]
-        assert await store.counts("acme") == {"compared": 1, "dropped": 2}  # a pair counts as compared
+        assert (await store.results("acme")).pairs == [pair("acme", 1)]
+        assert (await store.results("acme")).counts == {"compared": 1, "dropped": 2}  # a pair counts as compared
         assert await recorder.flush() is True  # nothing left: no second write
-        assert await store.counts("acme") == {"compared": 1, "dropped": 2}
+        assert (await store.results("acme")).counts == {"compared": 1, "dropped": 2}
         await storage.close()
 
     asyncio.run(run())
@@ -211,8 +212,8 @@ def test_a_failed_write_keeps_the_batch_in_order_for_the_next_flush(tmp_path: Pa
         recorder.add_pair(pair("acme", 2))  # recorded while the store was away
         await worker.run(lambda db: db.execute("ALTER TABLE parked RENAME TO shadow_pairs"))
         assert await recorder.flush() is True
-        assert [p.request_id for p in await store.pairs("acme")] == ["req-2", "req-1"]
-        assert await store.counts("acme") == {"compared": 2}
+        assert [p.request_id for p in (await store.results("acme")).pairs] == ["req-2", "req-1"]
+        assert (await store.results("acme")).counts == {"compared": 2}
         await storage.close()
 
     asyncio.run(run())
@@ -234,8 +235,8 @@ def test_while_the_store_is_away_only_the_newest_pairs_are_held(tmp_path: Path,
         recorder.add_pair(pair("acme", 3))
         await worker.run(lambda db: db.execute("ALTER TABLE parked RENAME TO shadow_pairs"))
         await recorder.close()  # the final flush at shutdown
-        assert [p.request_id for p in await store.pairs("acme")] == ["req-3", "req-2"]
-        assert await store.counts("acme") == {"compared": 4}  # counters are never given up
+        assert [p.request_id for p in (await store.results("acme")).pairs] == ["req-3", "req-2"]
+        assert (await store.results("acme")).counts == {"compared": 4}  # counters are never given up
         await storage.close()
 
     asyncio.run(run())
@@ -253,10 +254,10 @@ def test_the_writer_loop_flushes_on_its_own(redis_server: RedisProcess, tmp_path
         tasks.spawn(recorder.run(), "shadow-writer")
         recorder.add_pair(pair("loop", 1))
         async with asyncio.timeout(10):  # bounds the wait only; the event is the pair appearing in Redis
-            while await store.pairs("loop") == []:
+            while (await store.results("loop")).pairs == []:
                 await asyncio.sleep(0.01)
         await tasks.close()  # cancels the writer loop
-        assert await store.counts("loop") == {"compared": 1}
+        assert (await store.results("loop")).counts == {"compared": 1}
         await storage.close()
 
     asyncio.run(run())

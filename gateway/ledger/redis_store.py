@@ -301,13 +301,6 @@ class RedisStore:
             raw = await _resolved(self.client.hgetall(self._key("events")))
         return _source_events(raw.values())
 
-    async def changes_in_progress(self) -> dict[str, list[str]]:
-        """Per source, the kinds (`silent`, `resumed`, a close reason) of ops over the whole source that a call
-        left part done (see `P..changing`): their records are partly changed, their source event not recorded."""
-        async with self._guard():
-            raw = await _resolved(self.client.hgetall(self._key("changing")))
-        return _changes_by_source(raw.items())
-
     # -- plumbing --------------------------------------------------------------------------------
 
     def _key(self, name: str) -> str:
@@ -378,6 +371,8 @@ def _missing_totals(gaps: Iterable[tuple[bytes, bytes]]) -> dict[str, int]:
 
 
 def _changes_by_source(changing: Iterable[tuple[bytes, bytes]]) -> dict[str, list[str]]:
+    """Per source, the kinds (`silent`, `resumed`, a close reason) of ops over the whole source that a call left
+    part done (`P..changing`): their records are partly changed and their source event is not recorded yet."""
     kinds: dict[str, list[str]] = {}
     for field, kind in changing:
         kinds.setdefault(field.decode().split(SEP, 1)[0], []).append(kind.decode())

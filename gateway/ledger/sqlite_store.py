@@ -158,7 +158,7 @@ class SqliteStore:
 
     async def _read(self, work: Callable[..., T], *args: Any) -> T:
         """On the reader's thread, in one read transaction (one snapshot of the file)."""
-        return await self._reader.run(_snapshot, work, args)
+        return await self._reader.snapshot(work, *args)
 
     async def close(self) -> None:
         try:
@@ -435,17 +435,6 @@ def _set_up(db: sqlite3.Connection) -> None:
     db.execute("PRAGMA temp_store = MEMORY")  # the removals' key table lives for one statement: no file for it
     db.execute("DROP TABLE IF EXISTS temp.ledger_closing")
     db.execute("CREATE TEMP TABLE ledger_closing (medium TEXT NOT NULL, hash NOT NULL, removed_at REAL NOT NULL)")
-
-
-def _snapshot(db: sqlite3.Connection, work: Callable[..., T], args: tuple[Any, ...]) -> T:
-    """`work(db, *args)` inside one read transaction: every statement it runs sees the same committed state."""
-    if db.in_transaction:
-        db.execute("ROLLBACK")
-    db.execute("BEGIN")
-    try:
-        return work(db, *args)
-    finally:
-        db.execute("ROLLBACK")  # nothing was written: ending the read is all there is to do
 
 
 def _write_many(db: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:

@@ -8,7 +8,9 @@ age violations), opens and removals in time order in batches of 5,000 operations
 default horizon (7 days) once per simulated day, as the gateway's compaction loop runs it, so the records kept
 one by one are those of the last week. It reports ingestion (block operations per second of wall time, and per
 CPU second of this process plus redis-server), Redis memory per record kept, then times `collect_audit` `--audits`
-times in a row while a 5 ms ticker on the same event loop records how late it wakes. Prints and writes JSON.
+times in a row while a 5 ms ticker on the same event loop records how late it wakes, and reads from Redis's slow
+log (every command logged meanwhile) how long Redis itself was busy per audit and its longest single command.
+Prints and writes JSON.
 
     .venv/bin/python -m loadtests.ledger_scale_redis --records 10000000 --days 60 --out /tmp/ledger-scale-redis.json
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import heapq
 import random
 import shutil
@@ -136,6 +139,43 @@ def redis_server(workdir: Path) -> Iterator[int]:
         server.wait(timeout=30)
 
 
+class RedisHold:
+    """What Redis itself spent on the audits, from its slow log with every command logged: the total, and the
+    longest single command (the longest any other client of that Redis, such as the rate limiter, could wait)."""
+
+    def __init__(self) -> None:
+        self.durations_us: list[int] = []
+        self.by_command: collections.Counter[str] = collections.Counter()
+
+    def per_audit(self, audits: int) -> dict[str, Any]:
+        return {"commands": round(len(self.durations_us) / audits, 1),
+                "by_command": {name: round(count / audits, 1) for name, count in self.by_command.most_common()},
+                "busy_ms": round(sum(self.durations_us) / audits / 1000, 3),
+                "longest_command_ms": round(max(self.durations_us, default=0) / 1000, 3)}
+
+
+@contextmanager
+def redis_hold(admin: redis.Redis) -> Iterator[RedisHold]:
+    hold = RedisHold()
+    admin.config_set("slowlog-log-slower-than", 0)
+    admin.config_set("slowlog-max-len", 1_000_000)
+    admin.slowlog_reset()
+    try:
+        yield hold
+    finally:
+        entries: list[dict[str, Any]] = admin.slowlog_get(1_000_000)  # type: ignore[assignment]
+        kept = [entry for entry in entries if _command(entry) not in ("slowlog", "config")]
+        hold.durations_us = [int(entry["duration"]) for entry in kept]
+        hold.by_command = collections.Counter(_command(entry) for entry in kept)
+        admin.config_set("slowlog-log-slower-than", 10_000)
+
+
+def _command(entry: dict[str, Any]) -> str:
+    command = entry.get("command", b"")
+    text = command.decode(errors="replace") if isinstance(command, bytes) else str(command)
+    return text.split(" ", 1)[0].lower()
+
+
 async def run_redis(args: argparse.Namespace, port: int) -> dict[str, Any]:
     policies = load_policy_set(args.policies)
     admin = redis.Redis(port=port)
@@ -149,9 +189,12 @@ async def run_redis(args: argparse.Namespace, port: int) -> dict[str, Any]:
         print(f"built: {result['build']}", flush=True)
         result["memory"] = redis_memory(admin, prefix) | {"empty_used_memory_mb": round(baseline / 2**20, 1)}
         print(f"memory: {result['memory']}", flush=True)
-        timings = [await time_audits("audit (all tenants)", store, policies, args.audits)]
+        with redis_hold(admin) as hold:
+            timings = [await time_audits("audit (all tenants)", store, policies, args.audits)]
         print(timings[-1].line(), flush=True)
         result["timings"] = [asdict(timing) for timing in timings]
+        result["redis_per_audit"] = hold.per_audit(args.audits)
+        print(f"redis per audit: {result['redis_per_audit']}", flush=True)
     finally:
         await store.close()
         admin.close()

@@ -472,6 +472,8 @@ LIFETIME_STATS_LUA = r"""
 -- the rank, and `outlived` counts the buckets above the retention, as the SQLite store computes them.
 local GROUP_S = 256
 
+-- A bucket's longest lifetime is read only for the few buckets an answer comes from (one ZSCORE each), not for
+-- every bucket of a group: the group's counts are enough to find them.
 local fetched = {}
 local function buckets_of(pair, group)
   local cache_key = pair .. "\31" .. group
@@ -479,15 +481,16 @@ local function buckets_of(pair, group)
   local fields = {}
   for second = group * GROUP_S, group * GROUP_S + GROUP_S - 1 do fields[#fields + 1] = tostring(second) end
   local counts = redis.call("HMGET", prefix .. "life:" .. pair, unpack(fields))
-  local highs = redis.call("ZMSCORE", prefix .. "lifehigh:" .. pair, unpack(fields))
   local found = {}
   for i = 1, #counts do
-    if counts[i] and tonumber(counts[i]) > 0 then
-      found[#found + 1] = {group * GROUP_S + i - 1, tonumber(counts[i]), tonumber(highs[i])}
-    end
+    if counts[i] and tonumber(counts[i]) > 0 then found[#found + 1] = {group * GROUP_S + i - 1, tonumber(counts[i])} end
   end
   fetched[cache_key] = found
   return found
+end
+
+local function high(pair, bucket)
+  return tonumber(redis.call("ZSCORE", prefix .. "lifehigh:" .. pair, tostring(bucket[1])))
 end
 
 local function stats(pair, limit)
@@ -502,17 +505,16 @@ local function stats(pair, limit)
   end
   if total == 0 then return {0, "0", "0", "0", 0} end
   table.sort(groups, function(a, b) return a[1] < b[1] end)
-  local longest = nil
-  for _, bucket in ipairs(buckets_of(pair, groups[#groups][1])) do
-    if longest == nil or bucket[3] > longest then longest = bucket[3] end
-  end
+  -- buckets are whole seconds rounded up, so the longest lifetime is in the highest bucket that has any
+  local last = buckets_of(pair, groups[#groups][1])
+  local longest = high(pair, last[#last])
   local function ranked(rank)
     local seen = 0
     for _, group in ipairs(groups) do
       if seen + group[2] >= rank then
         for _, bucket in ipairs(buckets_of(pair, group[1])) do
           seen = seen + bucket[2]
-          if seen >= rank then return bucket[3] end
+          if seen >= rank then return high(pair, bucket) end
         end
       end
       seen = seen + group[2]

@@ -240,14 +240,6 @@ class RedisStore:
             events, changing, writes = await pipe.execute()
         return _source_events(events), _changes_by_source(changing.items()), int(writes or 0)
 
-    async def summary(
-        self, limits: dict[str, float], offsets: dict[str, float], now: float, tenant: str | None,
-    ) -> LedgerSummary:
-        """The audit's totals as the SQLite store gives them (`sqlite_tally.summary`), read from the aggregates
-        the apply script keeps: a few hashes, one lifetime histogram per (tenant, medium) and, per open
-        (tenant, medium, source), the oldest stored_at and a ZCOUNT past retention. No record is read."""
-        return (await self._snapshot(limits, offsets, now, tenant)).summary
-
     async def summary_report(
         self, policies: PolicySet, tenant: str | None, clock_offsets: dict[str, float], now: float,
     ) -> dict[str, Any]:
@@ -266,6 +258,9 @@ class RedisStore:
     async def _snapshot(
         self, limits: dict[str, float], offsets: dict[str, float], now: float, tenant: str | None,
     ) -> _AuditSnapshot:
+        """The audit's totals as the SQLite store gives them (`sqlite_tally.summary`), read from the aggregates
+        the apply script keeps: a few hashes, one lifetime histogram per (tenant, medium) and, per open
+        (tenant, medium, source), the oldest stored_at and a ZCOUNT past retention. No record is read."""
         await self._call(self._backfill, args=[self.prefix])
         args = [self.prefix, tenant or "", "0" if tenant is None else "1", repr(now),
                 msgspec.msgpack.encode(limits), msgspec.msgpack.encode(offsets)]

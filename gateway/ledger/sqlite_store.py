@@ -40,7 +40,6 @@ from gateway.ledger.records import (
     CloseOp,
     CopiesOp,
     GapRecord,
-    LedgerSummary,
     Op,
     OpenBlock,
     OpenOp,
@@ -360,11 +359,6 @@ class SqliteStore:
     async def windowed_read(self, since: float | None, tenant: str | None) -> WindowedRead:
         """Everything in one read snapshot: a flush, whole-source ops included, is one transaction."""
         return await self._read(_windowed_read, *self._records_query(since, tenant))
-
-    async def summary(
-        self, limits: dict[str, float], offsets: dict[str, float], now: float, tenant: str | None,
-    ) -> LedgerSummary:
-        return await self._read(sqlite_tally.summary, limits, offsets, now, tenant)
 
     async def compact(self, before: float, span: int = sqlite_tally.COMPACT_SPAN) -> int:
         """Delete closed records removed before `before`; the audit's totals keep them. In rowid ranges of

@@ -197,7 +197,7 @@ def test_a_small_budget_per_call_gives_the_same_ledger(redis_server: RedisProces
             records = sorted((r.medium, r.stored_at, r.removed_at, r.closed_by, r.unknown_since)
                              for r in await store.records(None, None))
             events = [(e.kind, e.closed) for e in await store.source_events()]
-            summary = await store.summary({"acme": 50.0}, {}, 2000.0, None)
+            summary = await collect_audit(store, audit_policies(), None, None, now=2000.0)
             return records, events, summary, await store.cursors()
         finally:
             await store.close()

@@ -46,6 +46,7 @@ from loadtests.loadgen import Target
 from loadtests.overhead_report import GATEWAY
 from loadtests.proxy_overhead import (
     COMPARED,
+    COMPARED_POLICIES,
     FLOOR_KINDS,
     PROMPT,
     REPO_ROOT,
@@ -53,6 +54,7 @@ from loadtests.proxy_overhead import (
     gateway_env,
     importable_from,
     importable_here,
+    offload_section,
     write_policies,
 )
 
@@ -73,6 +75,7 @@ class Config:
     rounds: int
     compare_tree: Path | None
     compare_env: tuple[tuple[str, str], ...]
+    compare_offload: dict[str, Any] | None
     log_level: str
     out: Path | None
 
@@ -102,15 +105,20 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     parser.add_argument("--compare-tree", type=Path, help="a source tree for the gateway-compared target")
     parser.add_argument("--compare-env", type=env_setting, action="append", default=[], metavar="NAME=VALUE",
                         help="a setting for the gateway-compared target (repeatable)")
+    parser.add_argument("--compare-offload", type=offload_section, metavar="JSON",
+                        help="the gateway-compared target's tenant has this `offload` section instead, e.g. '{}' "
+                        "(no admission, no miss path): what the features left out cost")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--out", type=Path)
     args: Any = parser.parse_args(argv)
-    if COMPARED in args.targets and args.compare_tree is None and not args.compare_env:
-        parser.error(f"{COMPARED} needs --compare-tree or --compare-env")
+    if COMPARED in args.targets and args.compare_tree is None and not args.compare_env \
+            and args.compare_offload is None:
+        parser.error(f"{COMPARED} needs --compare-tree, --compare-env or --compare-offload")
     if min(args.tokens) < 1 or args.requests < 1 or args.concurrency < 1 or args.rounds < 1:
         parser.error("--tokens, --requests, --concurrency and --rounds must be at least 1")
     return Config(tuple(args.targets), tuple(args.tokens), args.requests, args.concurrency, args.warmup,
-                  args.rounds, args.compare_tree, tuple(args.compare_env), args.log_level, args.out)
+                  args.rounds, args.compare_tree, tuple(args.compare_env), args.compare_offload, args.log_level,
+                  args.out)
 
 
 def valgrind_missing() -> str | None:
@@ -129,18 +137,24 @@ def under_callgrind(argv: Sequence[str], out: Path) -> list[str]:
     return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=no", *argv]
 
 
-def proxy_argv(target: str, port: int, work: Path, upstream_url: str) -> list[str]:
+def proxy_argv(config: Config, target: str, port: int, work: Path, upstream_url: str) -> list[str]:
     if target in FLOOR_KINDS:
         return [sys.executable, "-m", "loadtests.floor_relay", FLOOR_KINDS[target], "--port", str(port),
                 "--upstream", upstream_url]
     # -P: a compared tree is imported from its PYTHONPATH entry, never from the working directory.
-    return [sys.executable, "-P", "-m", "gateway", "serve", "--policies", str(work / "policies"), "--port", str(port)]
+    return [sys.executable, "-P", "-m", "gateway", "serve", "--policies", str(policies_of(config, target, work)),
+            "--port", str(port)]
+
+
+def policies_of(config: Config, target: str, work: Path) -> Path:
+    return work / (COMPARED_POLICIES if target == COMPARED and config.compare_offload is not None else "policies")
 
 
 def proxy_env(config: Config, target: str, work: Path) -> dict[str, str]:
     if target in FLOOR_KINDS:
         return importable_here()
-    settings = gateway_env(config.log_level, work, target)
+    policies = str(policies_of(config, target, work))
+    settings = {**gateway_env(config.log_level, work, target), "KVGATE_POLICIES": policies}
     if target == COMPARED:
         return {**settings, **importable_from(config.compare_tree or REPO_ROOT), **dict(config.compare_env)}
     return {**settings, **importable_here()}
@@ -158,7 +172,7 @@ def start_upstream(work: Path) -> AbstractContextManager[ServerProcess]:
 def proxy_under_callgrind(config: Config, target: str, work: Path, upstream_url: str,
                           dump: Path) -> Iterator[ServerProcess]:
     port = free_port()
-    argv = under_callgrind(proxy_argv(target, port, work, upstream_url), dump)
+    argv = under_callgrind(proxy_argv(config, target, port, work, upstream_url), dump)
     ready = "/health" if target in FLOOR_KINDS else "/livez"
     with run_server(argv, port, work / f"{target}.log", env=proxy_env(config, target, work), ready_path=ready) as proc:
         yield proc
@@ -230,7 +244,10 @@ class Run:
 def run(config: Config, work: Path) -> list[Count]:
     counts: list[Count] = []
     with start_upstream(work) as upstream:
-        run_ = Run(work, upstream.url, write_policies(work / "policies", upstream.url, SHADOW_SAMPLE))
+        key = write_policies(work / "policies", upstream.url, SHADOW_SAMPLE)
+        if config.compare_offload is not None:
+            write_policies(work / COMPARED_POLICIES, upstream.url, SHADOW_SAMPLE, config.compare_offload, key)
+        run_ = Run(work, upstream.url, key)
         for round_ in range(config.rounds):
             for tokens in config.tokens:
                 for target in config.targets:

@@ -26,10 +26,11 @@ import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import uvloop
@@ -68,6 +69,11 @@ QUIET_PROBE_S = 1.0
 PROFILE_RATE_HZ = 500
 TENANT = "bench"
 PROMPT = "Explain in a few words why a per-tenant cache salt keeps prefix caches apart. " * 3
+# The tenant's offload features, on in every benchmark that serves this tenant (issue 15: every feature stays on):
+# offload admission decides each generation request before it is sent (docs/admission.md), and the miss path
+# holds each stream back until its first content. `--compare-offload '{}'` measures what they cost.
+OFFLOAD_FEATURES: Mapping[str, str] = MappingProxyType({"admission": "returning", "miss_path": "retry"})
+COMPARED_POLICIES = "policies-compared"  # the compared gateway's policies under --compare-offload
 ROUTE_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
@@ -94,6 +100,7 @@ class Config:
     floors: bool
     compare_tree: Path | None
     compare_env: tuple[tuple[str, str], ...]
+    compare_offload: dict[str, Any] | None  # the compared gateway's tenant's `offload` section, when given
     noisy_retries: int
     quiet_wait_s: float
     log_level: str
@@ -190,6 +197,10 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                         help=f"also measure a second `kvgate serve` ({COMPARED}; from --compare-tree, else from "
                         "this tree) with this setting added to its environment (repeatable), e.g. "
                         "KVGATE_REUSE_TRACE=false: what one feature costs, inside one run")
+    parser.add_argument("--compare-offload", type=offload_section, metavar="JSON",
+                        help=f"also measure a second `kvgate serve` ({COMPARED}) whose tenant has this `offload` "
+                        "section instead, e.g. '{}' (no admission, no miss path) or '{\"admission\": \"returning\"}': "
+                        "what the features left out cost, inside one run")
     parser.add_argument("--noisy-retries", type=int, default=2,
                         help="run a phase again, at most this often, while another workload shares the cores")
     parser.add_argument("--quiet-wait", type=float, default=30.0,
@@ -211,11 +222,21 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         client_cores=args.client_cores or frozenset({args.bench_core}), nginx=args.nginx, router=args.router,
         router_binary=args.router_binary, granian=args.granian, floors=args.floors,
         compare_tree=args.compare_tree,
-        compare_env=tuple(args.compare_env),
+        compare_env=tuple(args.compare_env), compare_offload=args.compare_offload,
         noisy_retries=args.noisy_retries, quiet_wait_s=args.quiet_wait, log_level=args.log_level,
         profile_out=args.profile_out, profile_concurrency=args.profile_concurrency,
         profile_native=args.profile_native, profile_target=args.profile_target, shadow_sample=args.shadow_sample,
     )
+
+
+def offload_section(text: str) -> dict[str, Any]:
+    try:
+        section = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(section, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return section
 
 
 def env_setting(text: str) -> tuple[str, str]:
@@ -246,14 +267,17 @@ def check_cores(config: Config) -> None:
                          f"{config.proxy_core}, bench {sorted(bench_cores(config))}")
 
 
-def write_policies(root: Path, upstream_url: str, shadow_sample: float) -> str:
-    """A one-tenant policy directory (plus a shadow pool on the same upstream); returns the tenant's fresh key."""
-    key = new_key()
+def write_policies(root: Path, upstream_url: str, shadow_sample: float,
+                   offload: Mapping[str, Any] = OFFLOAD_FEATURES, key: str | None = None) -> str:
+    """A one-tenant policy directory (plus a shadow pool on the same upstream) with these offload features; returns
+    the tenant's key (a fresh one unless given)."""
+    key = key or new_key()
     pools = {"bench": {"upstreams": [upstream_url]}, "shadow": {"upstreams": [upstream_url]}}
     gateway = {"pools": pools, "default_pool": "bench", "public_paths": ["/livez"]}
     tenant = {"tenant": TENANT, "keys": [{"sha256": hash_key(key), "scopes": ["inference"]}],
               "cache": {"isolation": "tenant"}, "rollout": {"pool": "bench", "percent": 100},
-              "shadow": {"pool": "shadow", "sample": shadow_sample, "max_in_flight": 256}}
+              "shadow": {"pool": "shadow", "sample": shadow_sample, "max_in_flight": 256},
+              "offload": dict(offload)}
     (root / "tenants").mkdir(parents=True)
     (root / "gateway.yaml").write_text(yaml.safe_dump(gateway, sort_keys=False))
     (root / "tenants" / f"{TENANT}.yaml").write_text(yaml.safe_dump(tenant, sort_keys=False))
@@ -304,6 +328,8 @@ def start_gateway(
     config: Config, work: Path, upstream_url: str
 ) -> tuple[AbstractContextManager[ServerProcess], str]:
     key = write_policies(work / "policies", upstream_url, config.shadow_sample)
+    if config.compare_offload is not None:
+        write_policies(work / COMPARED_POLICIES, upstream_url, config.shadow_sample, config.compare_offload, key)
     port = free_port()
     argv = kvgate_command("serve", "--policies", str(work / "policies"), "--port", str(port))
     return run_server(argv, port, work / "gateway.log", env=gateway_env(config.log_level, work, GATEWAY)), key
@@ -320,9 +346,10 @@ def start_compared(config: Config, work: Path) -> AbstractContextManager[ServerP
     """A second `kvgate serve` on the gateway's policies: imported from `--compare-tree` (python -P: not from the
     working directory) or from this tree, with `--compare-env` added to its environment."""
     port = free_port()
-    argv = [sys.executable, "-P", "-m", "gateway", "serve", "--policies", str(work / "policies"), "--port", str(port)]
-    env = {**gateway_env(config.log_level, work, COMPARED), **importable_from(config.compare_tree or REPO_ROOT),
-           **dict(config.compare_env)}
+    policies = work / (COMPARED_POLICIES if config.compare_offload is not None else "policies")
+    argv = [sys.executable, "-P", "-m", "gateway", "serve", "--policies", str(policies), "--port", str(port)]
+    env = {**gateway_env(config.log_level, work, COMPARED), "KVGATE_POLICIES": str(policies),
+           **importable_from(config.compare_tree or REPO_ROOT), **dict(config.compare_env)}
     return run_server(argv, port, work / f"{COMPARED}.log", env=env)
 
 
@@ -354,7 +381,7 @@ def servers(config: Config, work: Path) -> Iterator[tuple[ServerProcess, dict[st
         if config.floors:
             for name, kind in FLOOR_KINDS.items():
                 proxies[name] = stack.enter_context(start_floor(kind, work, upstream.url))
-        if config.compare_tree is not None or config.compare_env:
+        if config.compare_tree is not None or config.compare_env or config.compare_offload is not None:
             proxies[COMPARED] = stack.enter_context(start_compared(config, work))
         if config.granian and granian_candidate.available():
             proxies[GRANIAN] = stack.enter_context(start_granian(config, work))

@@ -49,6 +49,7 @@ from gateway.devtools.localproc import ServerProcess, free_port, kvgate_command,
 from gateway.keys import hash_key, new_key
 from loadtests import loadgen, procstat, wrk_load
 from loadtests.loadgen import Target
+from loadtests.proxy_overhead import OFFLOAD_FEATURES
 from loadtests.results import write_json
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -152,7 +153,7 @@ def write_policies(root: Path, upstreams: list[str]) -> str:
     key = new_key()
     gateway = {"pools": {"bench": {"upstreams": upstreams}}, "default_pool": "bench", "public_paths": ["/livez"]}
     tenant = {"tenant": TENANT, "keys": [{"sha256": hash_key(key), "scopes": ["inference"]}],
-              "cache": {"isolation": "tenant"}}
+              "cache": {"isolation": "tenant"}, "offload": dict(OFFLOAD_FEATURES)}
     (root / "tenants").mkdir(parents=True)
     (root / "gateway.yaml").write_text(yaml.safe_dump(gateway, sort_keys=False))
     (root / "tenants" / f"{TENANT}.yaml").write_text(yaml.safe_dump(tenant, sort_keys=False))

@@ -37,7 +37,7 @@ from gateway.policy.model import TenantPolicy
 from gateway.proxy.assemble import StreamAssembler
 from gateway.proxy.balance import UpstreamHealth
 from gateway.proxy.features import Admitted, Call, Features, Finish, Inbound, Outbound
-from gateway.proxy.misspath import Failure, MissPath, peek_stream
+from gateway.proxy.misspath import Failure, MissPath, Peeked, peek_stream
 from gateway.proxy.rawprompt import parse_json_object
 from gateway.proxy.record import Exchange
 from gateway.proxy.rewrite import RewrittenRequest, encode_for_pool, rewrite_request
@@ -245,16 +245,15 @@ class Proxy:
             except GatewayError as error:
                 return Failure(_cause(error), error=error)
             return Failure(f"status_{response.status}", status=response.status, body=body, content_type=content_type)
-        preread: list[bytes] = []
+        preread: Peeked | None = None
         if response.status == 200 and prepared.upstream_stream and call.route.stream is StreamStyle.CHUNKS:
             try:
                 with upstream_errors(ex.pool):
-                    peeked = await peek_stream(response)
+                    preread = await peek_stream(response)
             except GatewayError as error:
                 return Failure(_cause(error), error=error)
-            if peeked.error_first:
-                return Failure("error_event", chunks=peeked.chunks, content_type=content_type)
-            preread = peeked.chunks
+            if preread.error_first:
+                return Failure("error_event", chunks=preread.chunks, content_type=content_type)
         whole_before_sending = not prepared.upstream_stream or prepared.assemble
         try:
             await self._relay_response(relaying, response, preread)
@@ -291,7 +290,7 @@ class Proxy:
     # -- relaying an answer -----------------------------------------------------------------------
 
     async def _relay_response(
-        self, relaying: Relaying, response: UpstreamResponse, preread: list[bytes] | None = None
+        self, relaying: Relaying, response: UpstreamResponse, preread: Peeked | None = None
     ) -> None:
         ex, prepared = relaying.ex, relaying.call.prepared
         ex.status = response.status
@@ -302,9 +301,9 @@ class Proxy:
         elif response.status != 200 or prepared is None or not prepared.upstream_stream:
             await self._relay_whole(relaying, response)
         elif prepared.assemble:
-            await self._relay_assembled(relaying, response, preread or [])
+            await self._relay_assembled(relaying, response, preread.chunks if preread is not None else [])
         else:
-            await self._relay_stream(relaying, prepared, response, preread or [])
+            await self._relay_stream(relaying, prepared, response, preread)
 
     def _headers(self, ex: Exchange, response: UpstreamResponse, received: float) -> list[tuple[bytes, bytes]]:
         ex.overhead_s += time.perf_counter() - received
@@ -333,7 +332,7 @@ class Proxy:
         await send_body(relaying.client.send, response.status, body, self._headers(ex, response, received))
 
     async def _relay_stream(
-        self, relaying: Relaying, prepared: RewrittenRequest, response: UpstreamResponse, preread: list[bytes]
+        self, relaying: Relaying, prepared: RewrittenRequest, response: UpstreamResponse, preread: Peeked | None
     ) -> None:
         ex, client = relaying.ex, relaying.client
         await client.send(start_message(200, self._headers(ex, response, time.perf_counter())))
@@ -343,9 +342,8 @@ class Proxy:
         if self.client_stalls is not None:
             response.on_pause = self.client_stalls.get(ex.tenant).inc
         try:
-            for chunk in preread:  # held back by the miss path until the stream showed content
-                if (rest := sink(chunk)) is not None:
-                    await rest
+            if preread is not None and preread.chunks:
+                await _pass_on_held(preread, client_sink)
             # Every later read is passed on from the connection's read callback, but the last: it goes out in
             # the same write as the terminating chunk below.
             last = await response.pump(sink, keep_last=True)
@@ -420,6 +418,17 @@ class ClientSink:
         if ex.capture is not None:
             ex.capture += chunk
         return forward
+
+
+async def _pass_on_held(held: Peeked, sink: ClientSink) -> None:
+    """What the miss path held back until the stream showed content, passed on in one write. The peek has already
+    decoded those events and found the content, so the watch is told so rather than decoding them again; TTFT is
+    taken here, where the watch would have taken it."""
+    if held.content:
+        sink.watch.content_seen = True
+        sink.ex.ttft_s = time.perf_counter() - sink.ex.started
+    if (rest := sink.pass_on(b"".join(held.chunks))) is not None:
+        await rest
 
 
 def _declines(body: bytes) -> bool:

@@ -130,6 +130,7 @@ class Peeked:
 
     chunks: list[bytes]
     error_first: bool
+    content: bool = False  # the peek stopped at generated content (not at its limit or the stream's end)
 
 
 class ChunkSource(Protocol):
@@ -147,7 +148,9 @@ async def peek_stream(response: ChunkSource) -> Peeked:
         if outcome == "error":
             chunks += await _rest(response, len(region))
             return Peeked(chunks, True)
-        if outcome == "content" or len(region) > PEEK_LIMIT_BYTES:
+        if outcome == "content":
+            return Peeked(chunks, False, content=True)
+        if len(region) > PEEK_LIMIT_BYTES:
             break
     return Peeked(chunks, False)
 

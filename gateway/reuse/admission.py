@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.reuse.fingerprint import DEFAULT_CHARS_PER_TOKEN, fingerprints
+from gateway.reuse.fingerprint import DEFAULT_CHARS_PER_TOKEN, PromptParts, fingerprints
 
 Decision = Literal["returning", "new", "short"]
 DECISIONS: tuple[Decision, ...] = ("returning", "new", "short")
@@ -73,11 +73,19 @@ def admission_key(chain: Sequence[bytes], prefix_chunks: int) -> bytes | None:
 
 def prompt_key(trace_key: bytes, prompt: str | list[int], prefix_chunks: int) -> bytes | None:
     """The admission key of a prompt, fingerprinting only the span it needs (cost independent of its length)."""
-    if isinstance(prompt, list):
-        head: str | list[int] = prompt[: prefix_chunks * CHUNK_TOKENS]
-    else:
-        head = prompt[: prefix_chunks * round(CHUNK_TOKENS * DEFAULT_CHARS_PER_TOKEN)]
+    head = prompt[: prefix_units(isinstance(prompt, list), prefix_chunks)]
     return admission_key(fingerprints(trace_key, head, CHUNK_TOKENS, DEFAULT_CHARS_PER_TOKEN), prefix_chunks)
+
+
+def prefix_units(token_ids: bool, prefix_chunks: int) -> int:
+    """How many tokens (token-id prompts) or canonical characters (text and chat) the admission key covers."""
+    return prefix_chunks * (CHUNK_TOKENS if token_ids else round(CHUNK_TOKENS * DEFAULT_CHARS_PER_TOKEN))
+
+
+def prefix_span(parts: PromptParts, prefix_chunks: int) -> str | list[int]:
+    """The leading span of a prompt that `prompt_key` reads: the same key as from the whole canonical prompt, without
+    joining a long prompt's pieces into one string first."""
+    return parts.head(prefix_units(parts.ids is not None, prefix_chunks))
 
 
 def row_offsets(key: bytes, width: int) -> tuple[int, int, int, int]:

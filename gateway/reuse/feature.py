@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import ChildCache, GatewayMetrics
+from gateway.policy.model import AdmissionPolicy
 from gateway.proxy.features import Call, Finish, RequestFeature
 from gateway.proxy.record import Exchange
-from gateway.reuse.fingerprint import canonical_prompt
+from gateway.reuse.admission import AdmissionRule, prefix_span
+from gateway.reuse.fingerprint import canonical_parts
 from gateway.reuse.shared import Admission, rule_of
 from gateway.routes import Kind
 
@@ -25,21 +27,35 @@ class AdmissionFeature(RequestFeature):
     def __init__(self, admission: Admission, metrics: GatewayMetrics) -> None:
         self.admission = admission
         self.metrics = metrics
+        self._decisions = ChildCache(metrics.offload_admission)
+        # Per tenant, the rule of the policy object it was made from: a reload brings new policy objects, so a
+        # changed rule is made again; at most one entry per tenant of the policy set.
+        self._rules: dict[str, tuple[AdmissionPolicy, AdmissionRule]] = {}
 
     async def prepare(self, call: Call, request: dict[str, Any]) -> Finish | None:
         policy = call.tenant.offload.admission
         if policy.mode != "returning" or call.route.kind is not Kind.GENERATE:
             return None
         tenant = call.tenant.tenant
-        rule = rule_of(policy)
-        key = self.admission.key_for(tenant, canonical_prompt(request), rule.prefix_chunks)
+        rule = self._rule(tenant, policy)
+        parts = canonical_parts(request)
+        span = prefix_span(parts, rule.prefix_chunks) if parts is not None else None
+        key = self.admission.key_for(tenant, span, rule.prefix_chunks)
         result, store_failed = await self.admission.admit(tenant, key, rule)
-        self.metrics.offload_admission.labels(tenant, result.decision).inc()
+        self._decisions.get(tenant, result.decision).inc()
         if store_failed:
             self.metrics.offload_admission_errors.labels(tenant).inc()
         if not result.admitted:
             refuse_offload(request)
         return _noting(result.decision)
+
+    def _rule(self, tenant: str, policy: AdmissionPolicy) -> AdmissionRule:
+        known = self._rules.get(tenant)
+        if known is not None and known[0] is policy:
+            return known[1]
+        rule = rule_of(policy)
+        self._rules[tenant] = (policy, rule)
+        return rule
 
 
 def _noting(decision: str) -> Finish:

@@ -62,15 +62,9 @@ class PromptParts(msgspec.Struct, frozen=True):
         return self.ids if self.ids is not None else "".join(self.texts)
 
 
-def canonical_prompt(request: dict[str, Any]) -> str | list[int] | None:
-    """The prompt of a generation request as token ids (when the client sent ids) or one canonical string."""
-    parts = canonical_parts(request)
-    return parts.whole() if parts is not None else None
-
-
 def canonical_parts(request: dict[str, Any]) -> PromptParts | None:
-    """`canonical_prompt` in pieces, at the cost of a few references (plus decoding a long prompt that the request
-    kept as its JSON text)."""
+    """The prompt of a generation request as token ids (when the client sent ids) or the pieces of one canonical
+    string, at the cost of a few references (plus decoding a long prompt that the request kept as its JSON text)."""
     if "messages" in request:
         return _message_parts(_prompt_value(request["messages"]))
     for field in ("prompt", "input"):

@@ -139,3 +139,23 @@ def test_two_replicas_share_the_doorkeeper_through_redis(sim: ServerProcess, tmp
             assert 'kvgate_offload_admission_errors_total{tenant="keep"} 2.0' in text
     finally:
         redis.stop()
+
+
+def test_a_reloaded_rule_decides_the_next_request(sim: ServerProcess, tmp_path: Path) -> None:
+    """The feature keeps each tenant's rule between requests; a reload that changes `min_seen` must still decide
+    the very next request."""
+    policy = admission_policy(tmp_path / "policies", sim.url)
+    policy.add_tenant("root", scopes=("admin",))
+    policy.write()
+    key = policy.keys["keep"]
+    with run_gateway(policy.root, tmp_path / "gateway.log", new_secret(), {UPSTREAM_KEY_ENV: UPSTREAM_KEY}) as server:
+        prompt = doc()
+        assert [sent_params(sim, send(server, key, prompt)) for _ in range(2)] == [
+            {"max_offload_tokens": 0}, {"max_offload_tokens": CAP}]
+        policy.tenants["keep"]["offload"]["admission"] = {"mode": "returning", "min_seen": 3}
+        policy.write_tenant("keep", policy.tenants["keep"])
+        reload = httpx.post(f"{server.url}/admin/reload", headers=bearer(policy.keys["root"]), timeout=30)
+        assert reload.status_code == 200, reload.text
+        # Seen twice before: enough under min_seen 1, not under 3.
+        assert sent_params(sim, send(server, key, prompt)) == {"max_offload_tokens": 0}
+        assert sent_params(sim, send(server, key, prompt)) == {"max_offload_tokens": CAP}

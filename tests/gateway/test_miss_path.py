@@ -205,3 +205,30 @@ def test_when_every_attempt_fails_the_client_gets_the_last_answer(stack: MissSta
     assert len(sim_records(stack.old, reply.headers["x-request-id"])) == 2
     assert len(sim_records(stack.control, reply.headers["x-request-id"])) == 1
     assert miss_count(stack, "forced", "control", "else_pool", "failed") >= 1
+
+
+@pytest.mark.parametrize("client_usage", [False, True])
+def test_a_held_stream_reaches_the_client_whole_with_its_ttft_and_only_the_usage_it_asked_for(
+    stack: MissStack, client_usage: bool
+) -> None:
+    """The miss path holds a stream back until its first content, then passes on what it held in one write and
+    tells the relay's watch that content was seen: every event must still arrive once, in order, TTFT must be
+    taken, and the usage event the gateway asked for on its own must still be cut out."""
+    body: dict[str, Any] = {"model": SIM_MODEL, "max_tokens": 4, "stream": True,
+                            "messages": [{"role": "user", "content": prompt(failing=False)}]}
+    if client_usage:
+        body["stream_options"] = {"include_usage": True}
+    reply = httpx.post(f"{stack.gateway.url}/v1/chat/completions", json=body, headers=bearer(stack.key("auto")),
+                       timeout=30)
+    assert reply.status_code == 200, reply.text
+    events = sse_data(reply.text)
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    chunks = [event for event in events if isinstance(event, dict)]
+    assert chunks[0]["choices"][0]["delta"].get("role") == "assistant"
+    pieces = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+    assert len([piece for piece in pieces if piece]) == 4
+    assert [c for c in chunks if c.get("usage")] == ([chunks[-1]] if client_usage else [])
+    entry = log_entry(stack, reply.headers["x-request-id"])
+    assert entry["ttft_ms"] is not None and 0 < entry["ttft_ms"] <= entry["duration_ms"]
+    assert entry["prompt_tokens"] > 0  # the usage event was read, whether passed on or cut out
+    assert "miss_path" not in entry

@@ -5,6 +5,7 @@ gateway that silently ran this tree would report every change as free."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,14 @@ from loadtests.proxy_overhead import COMPARED, expected_events, make_targets, pa
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MARK = "compared-tree-marker"
+
+
+def test_compare_offload_is_read_as_a_json_object() -> None:
+    config = parse_args(["--out", "x.json", "--compare-offload", '{"admission": "returning"}'])
+    assert config.compare_offload == {"admission": "returning"}
+    for wrong in ("[]", "admission"):
+        with pytest.raises(SystemExit):
+            parse_args(["--out", "x.json", "--compare-offload", wrong])
 
 
 def test_compare_env_is_read_as_name_value_pairs() -> None:
@@ -46,3 +55,23 @@ def started_features(log: str) -> str:
     """The `features` list of a gateway's start line (its setting applied or not)."""
     line = next(line for line in log.splitlines() if '"event":"gateway_started"' in line)
     return line.split('"features":', 1)[1].split("]", 1)[0]
+
+
+def test_the_benchmark_tenant_runs_with_its_offload_features_and_the_compared_one_without(tmp_path: Path) -> None:
+    """Issue 15 asks every feature on in the benchmark: the gateway's requests pass offload admission (their log
+    lines carry its decision); `--compare-offload '{}'` gives the second gateway the same tenant without it."""
+    config = parse_args(["--out", str(tmp_path / "out.json"), "--no-nginx", "--no-router", "--tokens", "4",
+                         "--ttft-ms", "1", "--token-ms", "0", "--compare-offload", "{}"])
+    work = tmp_path / "work"
+    work.mkdir()
+    with servers(config, work) as (_, proxies, key):
+        urls = {name: proxies[name].url for name in (GATEWAY, COMPARED)}
+        asyncio.run(sanity_check(make_targets(config, urls, key), expected_events(config)))
+        compared_log, own_log = proxies[COMPARED].log_text(), proxies[GATEWAY].log_text()
+    assert admission_decisions(own_log) == ["short"]  # the benchmark's prompt is shorter than one 64-token chunk
+    assert admission_decisions(compared_log) == []
+
+
+def admission_decisions(log: str) -> list[str]:
+    lines = [json.loads(line) for line in log.splitlines() if '"event":"request"' in line]
+    return sorted({line["admission"] for line in lines if "admission" in line}) if lines else ["no request line"]

@@ -16,10 +16,11 @@ from gateway.reuse.admission import (
     AdmissionRule,
     Doorkeeper,
     admission_key,
+    prefix_span,
     prompt_key,
     simulate_admission,
 )
-from gateway.reuse.fingerprint import fingerprints, tenant_trace_key
+from gateway.reuse.fingerprint import canonical_parts, fingerprints, tenant_trace_key
 
 REPO_POLICIES = Path(__file__).resolve().parents[2] / "policies"
 RETURNING = AdmissionRule("returning", window_s=100.0, min_seen=1, prefix_chunks=4)
@@ -39,6 +40,25 @@ def test_the_key_is_the_fingerprint_at_prefix_chunks_and_ignores_what_follows() 
     tokens = [(1000 + i) % 30000 + 3 for i in range(8 * 64)]
     assert prompt_key(KEY, tokens, 4) == long[3]
     assert prompt_key(KEY, [*tokens[:256], 5, 6, 7], 4) == long[3]
+
+
+@pytest.mark.parametrize("request_body", [
+    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "é" * 600 + "x" * 900}]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "a" * 500}, {"text": "b" * 700}]}, "no"]},
+    {"messages": [{"role": "user", "content": "x" * 1023}, {"role": "assistant", "content": "y" * 5}]},
+    {"messages": [{"role": "user", "content": "short"}]},
+    {"prompt": "p" * 5000},
+    {"prompt": list(range(3, 1000))},
+    {"prompt": list(range(3, 100))},
+])
+@pytest.mark.parametrize("prefix_chunks", [1, 4, 7])
+def test_the_key_from_the_leading_span_is_the_key_from_the_whole_prompt(
+    request_body: dict[str, object], prefix_chunks: int
+) -> None:
+    parts = canonical_parts(request_body)
+    assert parts is not None
+    whole = prompt_key(KEY, parts.whole(), prefix_chunks)
+    assert prompt_key(KEY, prefix_span(parts, prefix_chunks), prefix_chunks) == whole
 
 
 def test_new_then_returning_and_the_window_forgets() -> None:

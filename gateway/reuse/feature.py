@@ -29,7 +29,7 @@ class AdmissionFeature(RequestFeature):
         self.metrics = metrics
         self._decisions = ChildCache(metrics.offload_admission)
         # Per tenant, the rule of the policy object it was made from: a reload brings new policy objects, so a
-        # changed rule is made again; at most one entry per tenant of the policy set.
+        # changed rule is made again; one entry per tenant name ever configured (as Admission's sketches).
         self._rules: dict[str, tuple[AdmissionPolicy, AdmissionRule]] = {}
 
     async def prepare(self, call: Call, request: dict[str, Any]) -> Finish | None:

@@ -38,17 +38,23 @@ def test_the_compared_gateway_runs_the_given_tree_and_relays_the_whole_stream(tm
     shutil.copytree(REPO_ROOT / "gateway", tree / "gateway", ignore=shutil.ignore_patterns("__pycache__"))
     with (tree / "gateway" / "__init__.py").open("a") as init:  # a trace only the given tree leaves in its log
         init.write(f"\nimport sys\nprint({MARK!r}, file=sys.stderr, flush=True)\n")
+    own_log, compared_log = relay_through_both(tmp_path, "--compare-tree", str(tree),
+                                               "--compare-env", "KVGATE_REUSE_TRACE=false")
+    assert MARK in compared_log and MARK not in own_log
+    assert '"reuse-trace"' in started_features(own_log) and '"reuse-trace"' not in started_features(compared_log)
+
+
+def relay_through_both(tmp_path: Path, *compare: str) -> tuple[str, str]:
+    """Start the benchmark's gateway and its compared gateway (`compare`: the options that shape the second), check
+    that both relay the whole stream, and return their logs (the gateway's first)."""
     config = parse_args(["--out", str(tmp_path / "out.json"), "--no-nginx", "--no-router", "--tokens", "4",
-                         "--ttft-ms", "1", "--token-ms", "0", "--compare-tree", str(tree),
-                         "--compare-env", "KVGATE_REUSE_TRACE=false"])
+                         "--ttft-ms", "1", "--token-ms", "0", *compare])
     work = tmp_path / "work"
     work.mkdir()
     with servers(config, work) as (_, proxies, key):
         urls = {name: proxies[name].url for name in (GATEWAY, COMPARED)}
         asyncio.run(sanity_check(make_targets(config, urls, key), expected_events(config)))
-        compared_log, own_log = proxies[COMPARED].log_text(), proxies[GATEWAY].log_text()
-    assert MARK in compared_log and MARK not in own_log
-    assert '"reuse-trace"' in started_features(own_log) and '"reuse-trace"' not in started_features(compared_log)
+        return proxies[GATEWAY].log_text(), proxies[COMPARED].log_text()
 
 
 def started_features(log: str) -> str:
@@ -60,14 +66,7 @@ def started_features(log: str) -> str:
 def test_the_benchmark_tenant_runs_with_its_offload_features_and_the_compared_one_without(tmp_path: Path) -> None:
     """Issue 15 asks every feature on in the benchmark: the gateway's requests pass offload admission (their log
     lines carry its decision); `--compare-offload '{}'` gives the second gateway the same tenant without it."""
-    config = parse_args(["--out", str(tmp_path / "out.json"), "--no-nginx", "--no-router", "--tokens", "4",
-                         "--ttft-ms", "1", "--token-ms", "0", "--compare-offload", "{}"])
-    work = tmp_path / "work"
-    work.mkdir()
-    with servers(config, work) as (_, proxies, key):
-        urls = {name: proxies[name].url for name in (GATEWAY, COMPARED)}
-        asyncio.run(sanity_check(make_targets(config, urls, key), expected_events(config)))
-        compared_log, own_log = proxies[COMPARED].log_text(), proxies[GATEWAY].log_text()
+    own_log, compared_log = relay_through_both(tmp_path, "--compare-offload", "{}")
     assert admission_decisions(own_log) == ["short"]  # the benchmark's prompt is shorter than one 64-token chunk
     assert admission_decisions(compared_log) == []
 

@@ -37,7 +37,15 @@ from gateway.policy.model import TenantPolicy
 from gateway.proxy.assemble import StreamAssembler
 from gateway.proxy.balance import UpstreamHealth
 from gateway.proxy.features import Admitted, Call, Features, Finish, Inbound, Outbound
-from gateway.proxy.misspath import Failure, MissPath, Peeked, peek_stream
+from gateway.proxy.misspath import (
+    ErrorFirst,
+    Failure,
+    HeldUntilContent,
+    MissPath,
+    Peeked,
+    peek_stream,
+    rest_of_error,
+)
 from gateway.proxy.rawprompt import parse_json_object
 from gateway.proxy.record import Exchange
 from gateway.proxy.rewrite import RewrittenRequest, encode_for_pool, rewrite_request
@@ -246,7 +254,10 @@ class Proxy:
                 return Failure(_cause(error), error=error)
             return Failure(f"status_{response.status}", status=response.status, body=body, content_type=content_type)
         preread: Peeked | None = None
-        if response.status == 200 and prepared.upstream_stream and call.route.stream is StreamStyle.CHUNKS:
+        screened = call.route.stream is StreamStyle.CHUNKS and content_encoding(response) == IDENTITY
+        if response.status == 200 and prepared.upstream_stream and screened:  # events can be read
+            if not prepared.assemble:
+                return await self._relay_held_stream(relaying, prepared, response)
             try:
                 with upstream_errors(ex.pool):
                     preread = await peek_stream(response)
@@ -303,7 +314,7 @@ class Proxy:
         elif prepared.assemble:
             await self._relay_assembled(relaying, response, preread.chunks if preread is not None else [])
         else:
-            await self._relay_stream(relaying, prepared, response, preread)
+            await self._relay_stream(relaying, prepared, response)
 
     def _headers(self, ex: Exchange, response: UpstreamResponse, received: float) -> list[tuple[bytes, bytes]]:
         ex.overhead_s += time.perf_counter() - received
@@ -331,28 +342,81 @@ class Proxy:
             ex.usage = usage_from_json(body)
         await send_body(relaying.client.send, response.status, body, self._headers(ex, response, received))
 
-    async def _relay_stream(
-        self, relaying: Relaying, prepared: RewrittenRequest, response: UpstreamResponse, preread: Peeked | None
-    ) -> None:
+    async def _relay_stream(self, relaying: Relaying, prepared: RewrittenRequest, response: UpstreamResponse) -> None:
         ex, client = relaying.ex, relaying.client
         await client.send(start_message(200, self._headers(ex, response, time.perf_counter())))
-        watch = StreamWatch(prepared.strip_usage)
-        client_sink = ClientSink(ex, watch, client.server_send, body_writer(client.scope))
-        sink = client_sink.pass_on
-        if self.client_stalls is not None:
-            response.on_pause = self.client_stalls.get(ex.tenant).inc
+        client_sink = self._client_sink(relaying, prepared, response)
         try:
-            if preread is not None and preread.chunks:
-                await _pass_on_held(preread, client_sink)
             # Every later read is passed on from the connection's read callback, but the last: it goes out in
             # the same write as the terminating chunk below.
-            last = await response.pump(sink, keep_last=True)
-            tail = client_sink.last(last) + watch.flush()
+            last = await response.pump(client_sink.pass_on, keep_last=True)
+            tail = client_sink.last(last) + client_sink.watch.flush()
         except STREAM_FAILURES as error:
-            ex.outcome = Outcome.UPSTREAM_FAILED_MID_STREAM
-            tail = stream_error_event(relaying.call.route, f"Upstream stream failed: {type(error).__name__}.")
-        ex.usage = watch.usage
-        await client.server_send({"type": "http.response.body", "body": tail, "more_body": False})
+            tail = self._failed_mid_stream(relaying, error)
+        await self._end_stream(relaying, client_sink, tail)
+
+    async def _relay_held_stream(
+        self, relaying: Relaying, prepared: RewrittenRequest, response: UpstreamResponse
+    ) -> Failure | None:
+        """`_relay_stream` for the miss path: nothing is sent until the stream shows content (HeldUntilContent),
+        so a stream that fails before it (an error event, a broken connection) is a Failure to retry."""
+        ex = relaying.ex
+        ex.status = response.status
+        client_sink = self._client_sink(relaying, prepared, response)
+        held = HeldUntilContent(client_sink.pass_on,
+                                lambda content: self._start_held(relaying, response, content, client_sink),
+                                response.redirect)
+        try:
+            last = await response.pump(held.pass_on, keep_last=True)
+            if not held.released:  # the stream ended while held (a short answer): its last read decides
+                found = held.screen(last) if last else None
+                if (started := self._start_held(relaying, response, found == "content", client_sink)) is not None:
+                    await started
+                last = held.take_held()
+            tail = client_sink.last(last) + client_sink.watch.flush()
+        except ErrorFirst:
+            try:
+                with upstream_errors(ex.pool):
+                    rest = await rest_of_error(response, len(held.region))
+            except GatewayError as error:
+                return Failure(_cause(error), error=error)
+            return Failure("error_event", chunks=held.held + rest,
+                           content_type=response.headers.get("content-type", "application/json"))
+        except STREAM_FAILURES as error:
+            if not held.released:
+                return _failure_before_sending(ex.pool, error)
+            tail = self._failed_mid_stream(relaying, error)
+        await self._end_stream(relaying, client_sink, tail)
+        return None
+
+    def _client_sink(self, relaying: Relaying, prepared: RewrittenRequest, response: UpstreamResponse) -> ClientSink:
+        ex, client = relaying.ex, relaying.client
+        if self.client_stalls is not None:
+            response.on_pause = self.client_stalls.get(ex.tenant).inc
+        return ClientSink(ex, StreamWatch(prepared.strip_usage), client.server_send, body_writer(client.scope))
+
+    def _start_held(
+        self, relaying: Relaying, response: UpstreamResponse, content: bool, sink: ClientSink
+    ) -> Step | None:
+        """Starts a held stream's response, from the read callback; with `content`, the held reads hold the first
+        generated content, so the watch is told so rather than decoding them again, and TTFT is taken here, where
+        the watch would have taken it."""
+        ex = relaying.ex
+        if content:
+            sink.watch.content_seen = True
+            ex.ttft_s = time.perf_counter() - ex.started
+        return run_until_blocked(relaying.client.send(start_message(200, self._headers(ex, response,
+                                                                                       time.perf_counter()))))
+
+    @staticmethod
+    def _failed_mid_stream(relaying: Relaying, error: Exception) -> bytes:
+        relaying.ex.outcome = Outcome.UPSTREAM_FAILED_MID_STREAM
+        return stream_error_event(relaying.call.route, f"Upstream stream failed: {type(error).__name__}.")
+
+    @staticmethod
+    async def _end_stream(relaying: Relaying, client_sink: ClientSink, tail: bytes) -> None:
+        relaying.ex.usage = client_sink.watch.usage
+        await relaying.client.server_send({"type": "http.response.body", "body": tail, "more_body": False})
 
     async def _relay_assembled(self, relaying: Relaying, response: UpstreamResponse, preread: list[bytes]) -> None:
         ex = relaying.ex
@@ -420,15 +484,14 @@ class ClientSink:
         return forward
 
 
-async def _pass_on_held(held: Peeked, sink: ClientSink) -> None:
-    """What the miss path held back until the stream showed content, passed on in one write. The peek has already
-    decoded those events and found the content, so the watch is told so rather than decoding them again; TTFT is
-    taken here, where the watch would have taken it."""
-    if held.content:
-        sink.watch.content_seen = True
-        sink.ex.ttft_s = time.perf_counter() - sink.ex.started
-    if (rest := sink.pass_on(b"".join(held.chunks))) is not None:
-        await rest
+def _failure_before_sending(pool: str, error: Exception) -> Failure:
+    """A transport failure before anything was sent, as the gateway error it would be without the miss path."""
+    try:
+        with upstream_errors(pool):
+            raise error
+    except GatewayError as gateway_error:
+        return Failure(_cause(gateway_error), error=gateway_error)
+    raise AssertionError("upstream_errors translates every stream failure")  # pragma: no cover
 
 
 def _declines(body: bytes) -> bool:

@@ -26,11 +26,13 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
+from gateway.asgi.inline import Step
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import PoolConfig
 from gateway.proxy.features import Call, Outbound
 from gateway.proxy.smallcalls import SmallCalls, client_error, total_timeout
 from gateway.proxy.sse import first_outcome
+from gateway.proxy.upstream import Sink
 from gateway.routes import Kind
 from gateway.salts import derive_salt
 
@@ -124,13 +126,80 @@ class Failure:
     chunks: list[bytes] = field(default_factory=list)  # a stream that began with an error event
 
 
+class ErrorFirst(Exception):
+    """Raised by HeldUntilContent: the stream's first event is an error, and nothing has been sent."""
+
+
+class HeldBack:
+    """A stream's first reads, held until they show generated content, an error event before any content
+    (ErrorFirst), or PEEK_LIMIT_BYTES without either."""
+
+    __slots__ = ("held", "region")
+
+    def __init__(self) -> None:
+        self.held: list[bytes] = []
+        self.region = b""
+
+    def screen(self, chunk: bytes) -> Literal["content", "limit"] | None:
+        """Hold `chunk`; what the stream shows so far (None: neither content nor an error yet)."""
+        self.held.append(chunk)
+        self.region += chunk
+        outcome = first_outcome(self.region)  # read as events, whatever JSON or SSE style upstream writes
+        if outcome == "error":
+            raise ErrorFirst()
+        if outcome == "content":
+            return "content"
+        return "limit" if len(self.region) > PEEK_LIMIT_BYTES else None
+
+
+class HeldUntilContent(HeldBack):
+    """The miss path's sink for a streamed relay (a `Sink` of UpstreamConnection.pump), run in the read callback
+    as the plain relay's is: it holds the stream's reads until `screen` lets them go, then starts the response,
+    passes on everything held in one write, and redirects the pump to the relay's own sink for every later read.
+    ErrorFirst, raised before anything was sent, leaves the request free to be retried.
+
+    `peek_stream` does the same from the request task, which then wakes for each read before the first token and
+    once more to send, all on the path to the client's first token; only an assembled answer (sent whole at the
+    end) still peeks that way."""
+
+    __slots__ = ("_pass_on", "_redirect", "_start", "released")
+
+    def __init__(self, pass_on: Sink, start: Callable[[bool], Step | None], redirect: Callable[[Sink], None]) -> None:
+        super().__init__()
+        self._pass_on = pass_on  # the relay's sink, once released
+        self._start = start  # starts the response; told whether content was seen (its TTFT)
+        self._redirect = redirect  # the pump's: every read after the release goes straight to `pass_on`
+        self.released = False
+
+    def pass_on(self, chunk: bytes) -> Step | None:
+        found = self.screen(chunk)
+        if found is None:
+            return None
+        started = self._start(found == "content")
+        held = self.take_held()
+        self._redirect(self._pass_on)
+        if started is None:
+            return self._pass_on(held)
+        return self._after(started, held)
+
+    def take_held(self) -> bytes:
+        """Everything held, once; whatever follows is passed straight on."""
+        held = b"".join(self.held)
+        self.held, self.region, self.released = [], b"", True
+        return held
+
+    async def _after(self, started: Step, held: bytes) -> None:
+        await started
+        if (rest := self._pass_on(held)) is not None:
+            await rest
+
+
 @dataclass
 class Peeked:
     """The first chunks of a stream, read until generated content, an error event or the end."""
 
     chunks: list[bytes]
     error_first: bool
-    content: bool = False  # the peek stopped at generated content (not at its limit or the stream's end)
 
 
 class ChunkSource(Protocol):
@@ -139,23 +208,17 @@ class ChunkSource(Protocol):
 
 async def peek_stream(response: ChunkSource) -> Peeked:
     """Hold a stream back until it shows content (relay it) or an error before any content (retry it)."""
-    chunks: list[bytes] = []
-    region = b""
-    while chunk := await response.next_chunk():
-        chunks.append(chunk)
-        region += chunk
-        outcome = first_outcome(region)  # read as events, whatever JSON or SSE style upstream writes
-        if outcome == "error":
-            chunks += await _rest(response, len(region))
-            return Peeked(chunks, True)
-        if outcome == "content":
-            return Peeked(chunks, False, content=True)
-        if len(region) > PEEK_LIMIT_BYTES:
-            break
-    return Peeked(chunks, False)
+    held = HeldBack()
+    try:
+        while chunk := await response.next_chunk():
+            if held.screen(chunk) is not None:
+                return Peeked(held.held, False)
+    except ErrorFirst:
+        return Peeked(held.held + await rest_of_error(response, len(held.region)), True)
+    return Peeked(held.held, False)
 
 
-async def _rest(response: ChunkSource, read: int) -> list[bytes]:
+async def rest_of_error(response: ChunkSource, read: int) -> list[bytes]:
     """What follows an error event (normally just `[DONE]`), bounded."""
     rest = []
     while chunk := await response.next_chunk():

@@ -153,6 +153,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._last_read = self._wait_since = self.loop.time()
         self._sink: Sink | None = None  # set while `pump` hands the body on from the read callback
+        self._pumped_to: Sink | None = None  # the sink `pump` hands the body to (`redirect` changes it)
         self._sink_error: Exception | None = None
         self._sink_rest: Coroutine[Any, Any, None] | None = None  # what a sink left for `pump` to finish
         self._keep_last = False  # `pump(keep_last=True)`: the read that completes the body goes to its caller
@@ -301,6 +302,7 @@ class UpstreamConnection(asyncio.Protocol):
         (b"" when that read held none): the relay writes them with the end of its own response, one client write
         where there were two (the last event, then the terminating chunk)."""
         self._keep_last = keep_last
+        self._pumped_to = sink
         try:
             while True:
                 if self._sink_rest is not None:
@@ -312,21 +314,29 @@ class UpstreamConnection(asyncio.Protocol):
                 if self._body:  # what arrived before the pump started, or while the sink waited
                     if keep_last and self.complete:
                         return self.take()
-                    self._pass_on(sink, self.take())
+                    self._pass_on(self._pumped_to, self.take())
                     continue
                 if self.error is not None:
                     raise self.error
                 if self.complete:
                     return b""
-                self._sink = sink
+                self._sink = self._pumped_to
                 await self._wait()
                 self._sink = None
         finally:
-            self._sink = None
+            self._sink = self._pumped_to = None
             self._keep_last = False
             if self._sink_rest is not None:  # cancelled before it was awaited: close it, never leave it pending
                 self._sink_rest.close()
                 self._sink_rest = None
+
+    def redirect(self, sink: Sink) -> None:
+        """From the next read on, `pump` hands the body to `sink` instead (a sink that has seen what it needed
+        steps out of the way: one call fewer per read)."""
+        if self._pumped_to is not None:
+            self._pumped_to = sink
+        if self._sink is not None:
+            self._sink = sink
 
     def _pause(self) -> None:
         if self.transport is None:
@@ -440,6 +450,11 @@ class UpstreamResponse:
         read's bytes are returned instead (UpstreamConnection.pump)."""
         assert self._connection is not None
         return await self._connection.pump(sink, keep_last)
+
+    def redirect(self, sink: Sink) -> None:
+        """Called by the sink `pump` hands reads to: from the next read on, they go to `sink` instead."""
+        if self._connection is not None:
+            self._connection.redirect(sink)
 
     async def read(self) -> bytes:
         parts = []

@@ -201,6 +201,7 @@ def zipping_gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     with run_server(argv, port, tmp_path / "zip.log", ready_path="/health") as upstream:
         policy = PolicyDir(tmp_path / "policies", {"zip": {"upstreams": [upstream.url]}})
         policy.add_tenant("acme")
+        policy.add_tenant("retrying", offload={"miss_path": "retry"})
         policy.write()
         with run_gateway(policy.root, tmp_path / "gateway.log", new_secret()) as gateway:
             yield mode, Hostile(gateway, policy)
@@ -217,6 +218,22 @@ def test_compressed_upstream_bodies_are_never_relayed_unlabelled(zipping_gateway
         assert "content-encoding" not in reply.headers
     else:  # an upstream that compresses anyway: the client is told, so its HTTP library decodes the body
         assert reply.headers["content-encoding"] == "gzip"
+    assert reply.json()["choices"][0]["text"] == "zipped"
+
+
+@pytest.mark.parametrize("tenant", ["acme", "retrying"])
+def test_an_upstream_that_answers_a_stream_with_one_compressed_body_is_relayed_whole(
+    zipping_gateway: tuple[str, Hostile], tenant: str
+) -> None:
+    """A stream request answered with one JSON body (compressed or not): relayed whole, also for a tenant whose
+    miss path holds a stream back to look for its first content (it must not keep what it looked at)."""
+    mode, hostile = zipping_gateway
+    body = json.dumps({"model": SIM_MODEL, "prompt": "hi", "max_tokens": 1, "stream": True}).encode()
+    reply = httpx.post(f"{hostile.gateway.url}/v1/completions", content=body, timeout=30,
+                       headers={**bearer(hostile.policy.keys[tenant]), "content-type": "application/json",
+                                "accept-encoding": "gzip"})
+    assert reply.status_code == 200
+    assert reply.headers.get("content-encoding") == ("gzip" if mode == "gzip-always" else None)
     assert reply.json()["choices"][0]["text"] == "zipped"
 
 

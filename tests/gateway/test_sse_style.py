@@ -25,6 +25,7 @@ def styled_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S
     with run_server(argv, port, root / "upstream.log", ready_path="/health") as upstream:
         policy = PolicyDir(root / "policies", {"styled": {"upstreams": [upstream.url]}})
         policy.add_tenant("acme")
+        policy.add_tenant("retrying", offload={"miss_path": "retry"})  # held until its first content
         policy.add_tenant("delta", measure_ttft=True)
         policy.add_tenant("ops", scopes=("metrics",))
         policy.write()
@@ -42,23 +43,26 @@ def metric(gateway: ServerProcess, policy: PolicyDir, line_start: str) -> float:
     return sum(values)
 
 
+@pytest.mark.parametrize("tenant", ["acme", "retrying"])
 @pytest.mark.parametrize(("path", "body"), [
     ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}),
     ("/v1/completions", {"model": "m", "prompt": "hi", "stream": True}),
 ])
 def test_other_styles_keep_ttft_usage_and_stripping(styled_gateway: tuple[ServerProcess, PolicyDir], path: str,
-                                                    body: dict[str, object]) -> None:
+                                                    body: dict[str, object], tenant: str) -> None:
     gateway, policy = styled_gateway
-    ttft_before = metric(gateway, policy, f'kvgate_ttft_seconds_count{{pool="styled",route="{path}",tenant="acme"}}')
-    tokens_before = metric(gateway, policy, 'kvgate_prompt_tokens_total{pool="styled",tenant="acme"}')
-    reply = post(gateway, policy, "acme", path, body)
+    ttft = f'kvgate_ttft_seconds_count{{pool="styled",route="{path}",tenant="{tenant}"}}'
+    tokens = f'kvgate_prompt_tokens_total{{pool="styled",tenant="{tenant}"}}'
+    ttft_before = metric(gateway, policy, ttft)
+    tokens_before = metric(gateway, policy, tokens)
+    reply = post(gateway, policy, tenant, path, body)
     assert reply.status_code == 200
     chunks = [json.loads(line[5:]) for line in reply.text.splitlines()
               if line.startswith("data:") and line[5:].strip() != "[DONE]"]
     assert chunks and all(chunk.get("choices") for chunk in chunks), "the usage chunk reached the client"
-    ttft = f'kvgate_ttft_seconds_count{{pool="styled",route="{path}",tenant="acme"}}'
+    assert "".join(chunk["choices"][0].get("text") or chunk["choices"][0].get("delta", {}).get("content") or ""
+                   for chunk in chunks), "no content reached the client"
     poll(lambda: metric(gateway, policy, ttft) == ttft_before + 1 or None, what="a TTFT observation")
-    tokens = 'kvgate_prompt_tokens_total{pool="styled",tenant="acme"}'
     poll(lambda: metric(gateway, policy, tokens) > tokens_before or None, what="prompt tokens from usage")
 
 

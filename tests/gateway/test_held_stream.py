@@ -1,0 +1,183 @@
+"""A stream relayed event by event, with and without the miss path's hold, through a served gateway in front of
+an upstream that writes each event only when the test steps it (tests/stepped_upstream.py): so every later read
+reaches the gateway on its own, while the stream is held or after it was let go, and the test knows which.
+
+With `offload.miss_path: retry`, the gateway sends nothing until the first content and decides there whether to
+retry; after that, each event must still go out as it comes (the client gets one before the next is written),
+and a stream cut after its first content ends with an error event and is not retried."""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.harness import PolicyDir, bearer, new_secret, run_gateway
+from tests.procs import ServerProcess, free_port, run_server
+from tests.sim.helpers import poll
+from tests.stepped_upstream import CUT, CUT_BEFORE_CONTENT
+
+WAIT_S = 15.0  # a bound on each wait for an event, not a measure of anything
+
+
+@dataclass
+class Stepped:
+    gateway: ServerProcess
+    upstream: ServerProcess
+    policy: PolicyDir
+
+
+@pytest.fixture(scope="module")
+def stepped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stepped]:
+    root = tmp_path_factory.mktemp("stepped")
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.stepped_upstream", "--port", str(port), "--tokens", "3"]
+    with run_server(argv, port, root / "upstream.log", ready_path="/health") as upstream:
+        policy = PolicyDir(root / "policies", {"stepped": {"upstreams": [upstream.url]}})
+        policy.add_tenant("plain")
+        policy.add_tenant("retrying", offload={"miss_path": "retry"})
+        policy.write()
+        with run_gateway(policy.root, root / "gateway.log", new_secret()) as gateway:
+            yield Stepped(gateway, upstream, policy)
+
+
+@dataclass
+class Reading:
+    """A streamed request read on a thread of its own, each `data:` payload put on `events` as it arrives."""
+
+    events: queue.Queue[Any] = field(default_factory=queue.Queue)
+    request_id: list[str] = field(default_factory=list)
+    failure: list[BaseException] = field(default_factory=list)
+
+    def next(self) -> Any:
+        event = self.events.get(timeout=WAIT_S)
+        if isinstance(event, BaseException):
+            raise event
+        return event
+
+
+def start_reading(stepped: Stepped, tenant: str, text: str) -> tuple[Reading, threading.Thread]:
+    reading = Reading()
+    body = {"model": "sim-model", "stream": True, "messages": [{"role": "user", "content": text}]}
+
+    def read() -> None:
+        try:
+            with httpx.stream("POST", f"{stepped.gateway.url}/v1/chat/completions", json=body,
+                              headers=bearer(stepped.policy.keys[tenant]), timeout=WAIT_S) as reply:
+                reading.request_id.append(reply.headers["x-request-id"])
+                assert reply.status_code == 200
+                for line in reply.iter_lines():
+                    if line.startswith("data: "):
+                        payload = line[len("data: "):]
+                        reading.events.put(payload if payload == "[DONE]" else json.loads(payload))
+        except BaseException as error:  # handed to the test's thread, which raises it
+            reading.events.put(error)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return reading, thread
+
+
+def upstream_state(stepped: Stepped) -> dict[str, int]:
+    state: dict[str, int] = httpx.get(f"{stepped.upstream.url}/state", timeout=10).json()
+    return state
+
+
+def step(stepped: Stepped) -> None:
+    assert httpx.post(f"{stepped.upstream.url}/step", timeout=10).status_code == 200
+
+
+def began(stepped: Stepped, requests_before: int, attempt: int = 1) -> None:
+    """Wait until the upstream has this request (its `attempt`-th) and has written its role event (the next
+    write is a step)."""
+    poll(lambda: (lambda state: state["requests"] == requests_before + attempt and state["written"] == 1)(
+        upstream_state(stepped)), what="the role event written upstream")
+
+
+def content(event: Any) -> str | None:
+    choices = event.get("choices") if isinstance(event, dict) else None
+    return choices[0]["delta"].get("content") if choices else None
+
+
+def log_entry(stepped: Stepped, request_id: str) -> dict[str, Any]:
+    def find() -> dict[str, Any] | None:
+        for line in stepped.gateway.log_text().splitlines():
+            entry: dict[str, Any] = json.loads(line) if line.startswith("{") else {}
+            if entry.get("event") == "request" and entry.get("request_id") == request_id:
+                return entry
+        return None
+    return poll(find, what="the request's log line")
+
+
+@pytest.mark.parametrize("tenant", ["plain", "retrying"])
+def test_each_event_reaches_the_client_before_the_next_is_written(stepped: Stepped, tenant: str) -> None:
+    """The role event comes with the first content for a held stream, on its own otherwise; then every content
+    event reaches the client while the upstream still waits to be stepped, so none is held back for the next."""
+    requests_before = upstream_state(stepped)["requests"]
+    reading, thread = start_reading(stepped, tenant, "hello")
+    began(stepped, requests_before)
+    step(stepped)
+    assert reading.next()["choices"][0]["delta"]["role"] == "assistant"
+    assert content(reading.next()) == "t1"
+    step(stepped)
+    assert content(reading.next()) == "t2"
+    step(stepped)
+    assert content(reading.next()) == "t3"
+    assert reading.next() == "[DONE]"  # the usage event the gateway asked for on its own is cut out
+    thread.join(WAIT_S)
+    assert upstream_state(stepped)["requests"] == requests_before + 1
+    entry = log_entry(stepped, reading.request_id[0])
+    assert entry["status"] == 200 and entry["prompt_tokens"] == 5  # the usage event was read, then cut out
+    assert entry["ttft_ms"] is not None and 0 < entry["ttft_ms"] <= entry["duration_ms"]
+
+
+@pytest.mark.parametrize("tenant", ["plain", "retrying"])
+def test_a_stream_cut_after_its_first_content_ends_with_an_error_event_and_is_not_retried(
+    stepped: Stepped, tenant: str
+) -> None:
+    requests_before = upstream_state(stepped)["requests"]
+    reading, thread = start_reading(stepped, tenant, f"hello {CUT}")
+    began(stepped, requests_before)
+    step(stepped)
+    assert reading.next()["choices"][0]["delta"]["role"] == "assistant"
+    assert content(reading.next()) == "t1"
+    step(stepped)  # the upstream closes the connection instead of writing t2
+    error = reading.next()
+    assert error["error"]["code"] == 502 and "Upstream stream failed" in error["error"]["message"]
+    assert reading.next() == "[DONE]"
+    thread.join(WAIT_S)
+    assert upstream_state(stepped)["requests"] == requests_before + 1  # after the first byte, never again
+    entry = log_entry(stepped, reading.request_id[0])
+    assert entry["outcome"] == "upstream_failed_mid_stream"
+    assert entry["ttft_ms"] is not None
+
+
+def test_a_held_stream_cut_before_its_first_content_is_retried_and_the_client_gets_the_last_failure(
+    stepped: Stepped,
+) -> None:
+    """Nothing was sent while the stream was held, so a connection cut there is retried (here on the same pool,
+    the tenant's only one, with a recompute forced) and, when that is cut too, answered as a plain relay would
+    answer a refused upstream: a 502 with nothing half-sent before it."""
+    requests_before = upstream_state(stepped)["requests"]
+    body = {"model": "sim-model", "stream": True, "messages": [{"role": "user", "content": CUT_BEFORE_CONTENT}]}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        replied = pool.submit(httpx.post, f"{stepped.gateway.url}/v1/chat/completions", json=body,
+                              headers=bearer(stepped.policy.keys["retrying"]), timeout=WAIT_S)
+        began(stepped, requests_before)
+        step(stepped)  # the first attempt is cut before its first content
+        began(stepped, requests_before, attempt=2)
+        step(stepped)  # and so is the retry
+        reply = replied.result(timeout=WAIT_S)
+    assert reply.status_code == 502, reply.text
+    assert reply.json()["error"]["type"] == "upstream_error"
+    entry = log_entry(stepped, reply.headers["x-request-id"])
+    assert [attempt.get("failure") for attempt in entry["miss_path"]] == ["UpstreamTransportError"] * 2
+    assert entry["miss_path"][1]["action"] == "recompute_salt"

@@ -6,8 +6,10 @@ call, instead of a general client's per-chunk stream machinery (aiohttp spent ab
 event). `pump` hands each read to a callback as it arrives: the relay passes streams on to its client from there
 (gateway/proxy/forward.py, ClientSink) and the shadow collects and times its answers that way
 (gateway/shadow/client.py), so neither task wakes per read. `next_chunk` instead wakes the caller with
-everything that arrived since its last wake-up (whole answers, the miss path's peek). The shadow has its own
-instance, so primaries never wait for its slots. Measured figures: docs/proxy-costs.md.
+everything that arrived since its last wake-up (whole answers, and the miss path's peek at an answer the relay
+assembles). The miss path's hold of a stream is a sink of its own, which `redirect`s the pump to the relay's sink
+once it has seen the first content. The shadow has its own instance, so primaries never wait for its slots.
+Measured figures: docs/proxy-costs.md.
 
 Bounded: at most `connections` requests in flight upstream at once (further ones wait for a slot); a response
 body buffered faster than the client takes it pauses reading from upstream at `PAUSE_AT_BYTES`.

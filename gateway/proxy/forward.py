@@ -377,7 +377,7 @@ class Proxy:
         except ErrorFirst:
             try:
                 with upstream_errors(ex.pool):
-                    rest = await rest_of_error(response, len(held.region))
+                    rest = await rest_of_error(response, held.size)
             except GatewayError as error:
                 return Failure(_cause(error), error=error)
             return Failure("error_event", chunks=held.held + rest,

@@ -31,7 +31,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.model import PoolConfig
 from gateway.proxy.features import Call, Outbound
 from gateway.proxy.smallcalls import SmallCalls, client_error, total_timeout
-from gateway.proxy.sse import first_outcome
+from gateway.proxy.sse import OutcomeScreen
 from gateway.proxy.upstream import Sink
 from gateway.routes import Kind
 from gateway.salts import derive_salt
@@ -134,22 +134,23 @@ class HeldBack:
     """A stream's first reads, held until they show generated content, an error event before any content
     (ErrorFirst), or PEEK_LIMIT_BYTES without either."""
 
-    __slots__ = ("held", "region")
+    __slots__ = ("_screen", "held", "size")
 
     def __init__(self) -> None:
         self.held: list[bytes] = []
-        self.region = b""
+        self.size = 0
+        self._screen = OutcomeScreen()  # each event read once, however the upstream cuts its writes
 
     def screen(self, chunk: bytes) -> Literal["content", "limit"] | None:
         """Hold `chunk`; what the stream shows so far (None: neither content nor an error yet)."""
         self.held.append(chunk)
-        self.region += chunk
-        outcome = first_outcome(self.region)  # read as events, whatever JSON or SSE style upstream writes
+        self.size += len(chunk)
+        outcome = self._screen.feed(chunk)  # read as events, whatever JSON or SSE style upstream writes
         if outcome == "error":
             raise ErrorFirst()
         if outcome == "content":
             return "content"
-        return "limit" if len(self.region) > PEEK_LIMIT_BYTES else None
+        return "limit" if self.size > PEEK_LIMIT_BYTES else None
 
 
 class HeldUntilContent(HeldBack):
@@ -185,7 +186,7 @@ class HeldUntilContent(HeldBack):
     def take_held(self) -> bytes:
         """Everything held, once; whatever follows is passed straight on."""
         held = b"".join(self.held)
-        self.held, self.region, self.released = [], b"", True
+        self.held, self.released = [], True
         return held
 
     async def _after(self, started: Step, held: bytes) -> None:
@@ -214,7 +215,7 @@ async def peek_stream(response: ChunkSource) -> Peeked:
             if held.screen(chunk) is not None:
                 return Peeked(held.held, False)
     except ErrorFirst:
-        return Peeked(held.held + await rest_of_error(response, len(held.region)), True)
+        return Peeked(held.held + await rest_of_error(response, held.size), True)
     return Peeked(held.held, False)
 
 

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from gateway.proxy.assemble import StreamAssembler
 from gateway.proxy.sse import (
+    OutcomeScreen,
     StreamWatch,
     Usage,
     first_outcome,
@@ -243,23 +244,51 @@ def test_responses_streams_in_any_style(style: Style, sizes: list[int]) -> None:
 # -- the miss path's peek: content or an error event first --------------------------------------------------
 
 
+def outcome_events(style: Style) -> tuple[bytes, bytes, bytes]:
+    """A chat stream's role event, a content event and an error event, written in `style`."""
+    rnd = random.Random(style.seed)
+    prefix = "data: " if style.data_space else "data:"
+
+    def event(value: dict[str, Any]) -> bytes:
+        lines = [prefix + line for line in encode(value, style, rnd).split("\n")]
+        if style.comments:
+            lines.insert(0, ": keep-alive")
+        return (style.line_end.join(lines) + style.line_end * 2).encode()
+
+    return (event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),
+            event({"choices": [{"index": 0, "delta": {"content": "Hi"}}]}),
+            event({"error": {"message": "load failed", "type": "InternalServerError", "code": 500}}))
+
+
 @pytest.mark.parametrize("style", [
     Style(",", ":", 0.0, False, "\n", True, False, 1),
     Style(", ", ": ", 1.0, True, "\r\n", False, True, 2),
     Style(",\n", " : ", 0.1, False, "\r", True, False, 3),
 ])
 def test_first_outcome_in_any_style(style: Style) -> None:
-    rnd = random.Random(style.seed)
-    prefix = "data: " if style.data_space else "data:"
-
-    def event(value: dict[str, Any]) -> bytes:
-        lines = [prefix + line for line in encode(value, style, rnd).split("\n")]
-        return (style.line_end.join(lines) + style.line_end * 2).encode()
-
-    role = event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
-    content = event({"choices": [{"index": 0, "delta": {"content": "Hi"}}]})
-    error = event({"error": {"message": "load failed", "type": "InternalServerError", "code": 500}})
+    role, content, error = outcome_events(style)
     assert first_outcome(role) is None
     assert first_outcome(role + content + error) == "content"
     assert first_outcome(role + error + content) == "error"
     assert first_outcome(role + content[:-2]) is None  # not complete yet
+
+
+@settings(max_examples=300, deadline=None)
+@given(style=styles, sizes=st.lists(st.integers(1, 40), min_size=1, max_size=8), error_first=st.booleans(),
+       roles=st.integers(1, 4))
+def test_the_read_by_read_screen_agrees_with_first_outcome_after_every_read(
+    style: Style, sizes: list[int], error_first: bool, roles: int
+) -> None:
+    """The miss path screens each read as it comes (OutcomeScreen reads each event once); after every read it
+    must say what `first_outcome` says of everything read so far, wherever the reads cut the events, their line
+    ends included (a CRLF cut between its CR and its LF)."""
+    role, content, error = outcome_events(style)
+    stream = role * roles + (error + content if error_first else content + error)
+    screen, found, offset = OutcomeScreen(), None, 0
+    for piece in chunks_of(stream, sizes):
+        offset += len(piece)
+        found = screen.feed(piece)
+        assert found == first_outcome(stream[:offset]), offset
+        if found is not None:
+            break
+    assert found == ("error" if error_first else "content")

@@ -118,6 +118,10 @@ class GatewayMetrics:
             "kvgate_client_stalls", "Times a streamed answer stopped reading from upstream because 1 MiB of it "
             "waited for a client that was not taking bytes; reading resumes once the client catches up.", ["tenant"],
             registry=registry)
+        self.events_unread = Counter(
+            "kvgate_stream_events_unread", "Upstream stream events passed on unread because they were still not "
+            "complete after 8 MiB (no content, usage or usage stripping is looked for in them).", ["tenant"],
+            registry=registry)
         self.internal_errors = Counter(
             "kvgate_internal_errors", "Requests that hit an unexpected gateway error (answered 500 when possible).",
             ["route"], registry=registry)

@@ -3,13 +3,16 @@
 
 `gzip` compresses its JSON answer when the request's Accept-Encoding allows gzip (as a web server in front of
 vLLM may); `gzip-always` compresses it whatever the request said, and labels it `content-encoding: gzip`.
-`echo` answers 200 with the request body exactly as it arrived, so a test sees the bytes the gateway sent upstream."""
+`echo` answers 200 with the request body exactly as it arrived, so a test sees the bytes the gateway sent upstream.
+`giant-event` streams a chat answer whose second event is GIANT_EVENT_BYTES long (`prompt_logprobs`, as vLLM sends
+them for a long prompt), written 64 KiB at a time, then one content event, the usage event and `[DONE]`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import gzip
+import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -22,6 +25,24 @@ ERROR_BODY = b'{"error":{"message":"broken on purpose","type":"InternalServerErr
 COMPLETION = (b'{"id":"cmpl-z","object":"text_completion","model":"sim-model","choices":[{"index":0,"text":"zipped",'
               b'"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}')
 CHUNK = b'data: {"id":"cmpl-x","object":"text_completion","choices":[{"index":0,"text":"partial"}]}\n\n'
+GIANT_EVENT_BYTES = 9 * 1024 * 1024  # past the gateway's 8 MiB bound on an event it holds to read
+WRITE_BYTES = 64 * 1024
+
+
+def giant_stream() -> list[bytes]:
+    """The `giant-event` answer, as its writes."""
+    def chunk(**fields: object) -> bytes:
+        body = {"id": "chatcmpl-g", "object": "chat.completion.chunk", "model": "sim-model", **fields}
+        return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+    entry = b'{"1":{"logprob":-0.5,"rank":1,"decoded_token":"x"}},'
+    giant = (b'data: {"id":"chatcmpl-g","object":"chat.completion.chunk","choices":[],"prompt_logprobs":['
+             + entry * (GIANT_EVENT_BYTES // len(entry)) + b'{}]}\n\n')
+    usage = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
+    return [chunk(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}]),
+            *(giant[i:i + WRITE_BYTES] for i in range(0, len(giant), WRITE_BYTES)),
+            chunk(choices=[{"index": 0, "delta": {"content": "hi"}, "finish_reason": "length"}]),
+            chunk(choices=[], usage=usage), b"data: [DONE]\n\n"]
 
 
 class FaultyUpstream:
@@ -42,6 +63,12 @@ class FaultyUpstream:
             await _reply_gzip(scope, send, always=self.mode == "gzip-always")
         elif self.mode == "status500":
             await _reply(send, 500, ERROR_BODY)
+        elif self.mode == "giant-event":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            for write in giant_stream():
+                await send({"type": "http.response.body", "body": write, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         elif self.mode == "drop":
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream")]})
@@ -88,7 +115,8 @@ async def _reply(send: Send, status: int, body: bytes) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--mode", choices=("hang", "status500", "drop", "gzip", "gzip-always", "echo"), required=True)
+    parser.add_argument("--mode", choices=("hang", "status500", "drop", "gzip", "gzip-always", "echo", "giant-event"),
+                        required=True)
     args = parser.parse_args()
     uvicorn.run(FaultyUpstream(args.mode), host="127.0.0.1", port=args.port, log_level="critical")
 

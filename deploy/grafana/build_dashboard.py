@@ -197,6 +197,10 @@ PROTECTION = (
     Graph("Streams waiting for slow clients by tenant", "Times a streamed answer stopped reading from upstream "
           "because 1 MiB of it waited for a slow client; reading resumes when it catches up (docs/http.md).", "ops",
           (q(f"sum by (tenant) (rate(kvgate_client_stalls_total{{{TENANT}}}{RATE}))", "{{tenant}}"),)),
+    Graph("Stream events passed on unread by tenant", "Upstream events still not complete after 8 MiB, passed on "
+          "without being read (no TTFT, usage or usage stripping in them); the events after them are read "
+          "(docs/limits.md).", "ops",
+          (q(f"sum by (tenant) (rate(kvgate_stream_events_unread_total{{{TENANT}}}{RATE}))", "{{tenant}}"),)),
     Graph("Rate-limited requests by tenant and limit", "Requests refused by max_in_flight or requests_per_minute "
           "(429), and by the process-wide cap (tenant _all, global_in_flight, 503).", "reqps",
           (q(f"sum by (tenant, limit) (rate(kvgate_rate_limited_total{{{TENANT}}}{RATE}))", "{{tenant}} {{limit}}"),)),

@@ -105,7 +105,7 @@ async def start(settings: Settings, secret: bytes, metrics: GatewayMetrics, gena
              features=[feature.name for feature in features.all])
     relay = UpstreamClient(settings.upstream_connections, settings.connect_timeout_s, settings.read_timeout_s)
     options = ProxyOptions(JsonLimits(settings.json_max_depth, settings.json_max_items), settings.body_timeout_s,
-                           metrics.client_stalls)
+                           metrics.client_stalls, metrics.events_unread)
     proxy = Proxy(relay, secret, health, features, MissPath(calls, secret, metrics, ledger.remember_user_salt),
                   options)
     canary = _canary(calls, secret, metrics, holder, tasks, scheduled=ingests)

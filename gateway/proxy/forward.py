@@ -84,6 +84,7 @@ class ProxyOptions:
     json_limits: JsonLimits = DEFAULT_JSON_LIMITS
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     client_stalls: Counter | None = None  # by tenant: streams held back for a slow client (kvgate_client_stalls)
+    events_unread: Counter | None = None  # by tenant: events too long to read (kvgate_stream_events_unread)
 
 
 class Proxy:
@@ -99,6 +100,7 @@ class Proxy:
         self.body_timeout_s = options.body_timeout_s
         # By tenant, made at its first stream (the series then exists at 0 for dashboards).
         self.client_stalls = ChildCache(options.client_stalls) if options.client_stalls is not None else None
+        self.events_unread = options.events_unread
 
     async def forward(self, ex: Exchange, admitted: Admitted, inbound: Inbound) -> None:
         finishes: list[Finish] = []
@@ -413,9 +415,11 @@ class Proxy:
         relaying.ex.outcome = Outcome.UPSTREAM_FAILED_MID_STREAM
         return stream_error_event(relaying.call.route, f"Upstream stream failed: {type(error).__name__}.")
 
-    @staticmethod
-    async def _end_stream(relaying: Relaying, client_sink: ClientSink, tail: bytes) -> None:
-        relaying.ex.usage = client_sink.watch.usage
+    async def _end_stream(self, relaying: Relaying, client_sink: ClientSink, tail: bytes) -> None:
+        watch = client_sink.watch
+        relaying.ex.usage = watch.usage
+        if watch.events_unread and self.events_unread is not None:
+            self.events_unread.labels(relaying.ex.tenant).inc(watch.events_unread)
         await relaying.client.server_send({"type": "http.response.body", "body": tail, "more_body": False})
 
     async def _relay_assembled(self, relaying: Relaying, response: UpstreamResponse, preread: list[bytes]) -> None:

@@ -36,6 +36,10 @@ RESPONSES_TEXT_DELTA = "response.output_text.delta"
 DELTA_CONTENT_KEYS = ("content", "reasoning_content", "reasoning")
 # A shortcut, not the rule: in vLLM's compact style this byte pattern is a key with a non-empty string (or a
 # tool-call list) — a certain positive without decoding. Any other style falls through to the decoded check.
+# An event not complete after this many bytes is passed on unread up to its end, so a stream's scan holds at most
+# this much (vLLM's largest events, `prompt_logprobs` of a long prompt, can reach megabytes; they carry no content
+# and no usage). Counted in `events_unread`.
+MAX_OPEN_EVENT_BYTES = 8 * 1024 * 1024
 COMPACT_CONTENT = re.compile(rb'"(?:text|content|delta|reasoning_content|reasoning)":"[^"]|"tool_calls":\[\{')
 
 
@@ -300,7 +304,9 @@ class StreamWatch:
         # few bytes per read is searched and copied once, not once per read (which took 17 s for 256 KiB).
         self._tail = bytearray()
         self._skip_lf = False
-        # Content seen, no `_tail` and no `_skip_lf`: one test, not three, on the fast path of every event. Set
+        self._unread = b""  # inside an event past MAX_OPEN_EVENT_BYTES: its last byte passed on (LF or not)
+        self.events_unread = 0
+        # Content seen, no `_tail`, `_skip_lf` or `_unread`: one test, not four, on the fast path of every event. Set
         # at the end of each slow `feed`; anything else only moves the state towards it (content seen, a tail
         # flushed), and a stale False only sends one chunk down the slow path, which answers the same.
         self._plain = False
@@ -316,7 +322,7 @@ class StreamWatch:
                 and not chunk.partition(USAGE_WORD)[1]):
             return chunk, False  # whole LF-only events after the first content, none of which can name usage
         forward, first = self._feed(chunk)
-        self._plain = self.content_seen and not self._tail and not self._skip_lf
+        self._plain = self.content_seen and not self._tail and not self._skip_lf and not self._unread
         return forward, first
 
     def _feed(self, chunk: bytes) -> tuple[bytes, bool]:
@@ -328,13 +334,19 @@ class StreamWatch:
         if CR in data:
             self._skip_lf = data.endswith(b"\r")  # the tail never holds a CR: its line ends are normalised
             data = normalise_line_ends(data)
+        if self._unread:
+            return self._pass_unread(chunk, data)
+        return self._events(chunk, data)
+
+    def _events(self, chunk: bytes, data: bytes) -> tuple[bytes, bool]:
+        """`feed` of normalised `data` outside an unread event."""
         tail = self._tail
         if tail:
             start = len(tail) - 1  # the tail holds no event end; one may begin with its last byte
             tail += data
             end = tail.rfind(EVENT_END, start)
             if end < 0:
-                return (b"" if self.strip_usage else chunk), False
+                return self._still_open(chunk), False
             cut = end + len(EVENT_END)
             complete = bytes(tail[:cut])
             del tail[:cut]
@@ -344,11 +356,37 @@ class StreamWatch:
             complete = data[:cut]
             if cut < len(data):
                 tail += data[cut:]
+                if not complete:
+                    return self._still_open(chunk), False
         if not complete or (self.content_seen and complete.find(USAGE_WORD) < 0
                             and (BACKSLASH not in complete or complete.find(ESCAPE) < 0)):
             return (complete if self.strip_usage else chunk), False  # the common case, kept inline
         complete, first = self._scan(complete)
         return (complete if self.strip_usage else chunk), first
+
+    def _still_open(self, chunk: bytes) -> bytes:
+        """What to pass on of a read that completed no event: nothing while stripping (the event is held until it
+        is complete), unless it has grown past MAX_OPEN_EVENT_BYTES: then it is passed on, unread, to its end."""
+        tail = self._tail
+        if len(tail) <= MAX_OPEN_EVENT_BYTES:
+            return b"" if self.strip_usage else chunk
+        self.events_unread += 1
+        self._unread = bytes(tail[-1:])
+        held = bytes(tail)
+        tail.clear()
+        return held if self.strip_usage else chunk
+
+    def _pass_unread(self, chunk: bytes, data: bytes) -> tuple[bytes, bool]:
+        """A read inside an event passed on unread: on, up to the event's end; what follows is read again."""
+        probe = self._unread + data
+        end = probe.find(EVENT_END)
+        if end < 0:
+            self._unread = data[-1:] or self._unread
+            return (data if self.strip_usage else chunk), False
+        cut = end + len(EVENT_END) - len(self._unread)  # just after the event's end, in `data`
+        self._unread = b""
+        forward, first = self._events(chunk, data[cut:])
+        return (data[:cut] + forward if self.strip_usage else chunk), first
 
     def flush(self) -> bytes:
         """Whatever is left at the end of the stream (a final event without its blank line)."""

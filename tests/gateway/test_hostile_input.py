@@ -18,6 +18,7 @@ from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, st
 from tests.harness import PolicyDir, bearer, new_secret, run_gateway
 from tests.ledger.redis_proc import RedisProcess
 from tests.procs import ServerProcess, free_port, run_server
+from tests.sim.helpers import poll, sse_data
 
 USER_HEADER = "x-end-user"
 
@@ -235,6 +236,54 @@ def test_an_upstream_that_answers_a_stream_with_one_compressed_body_is_relayed_w
     assert reply.status_code == 200
     assert reply.headers.get("content-encoding") == ("gzip" if mode == "gzip-always" else None)
     assert reply.json()["choices"][0]["text"] == "zipped"
+
+
+# -- an upstream event past the bound on what a stream's scan holds ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def giant_event_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
+    root = tmp_path_factory.mktemp("giant")
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.fault_upstream", "--port", str(port), "--mode", "giant-event"]
+    with run_server(argv, port, root / "giant.log", ready_path="/health") as upstream:
+        policy = PolicyDir(root / "policies", {"giant": {"upstreams": [upstream.url]}}, public_paths=["/metrics"])
+        policy.add_tenant("acme")
+        policy.add_tenant("retrying", offload={"miss_path": "retry"})
+        policy.write()
+        with run_gateway(policy.root, root / "gateway.log", new_secret()) as gateway:
+            yield Hostile(gateway, policy)
+
+
+@pytest.mark.parametrize("tenant", ["acme", "retrying"])
+def test_an_event_past_the_bound_reaches_the_client_whole_and_the_events_after_it_are_read(
+    giant_event_gateway: Hostile, tenant: str
+) -> None:
+    """A 9 MiB event (vLLM's `prompt_logprobs` of a long prompt): past 8 MiB the gateway stops holding it and
+    passes it on unread, counted; the client still gets it whole, and the content and usage events after it are
+    read (TTFT, prompt tokens, the usage event the client did not ask for cut out)."""
+    hostile = giant_event_gateway
+    before = metric_value(hostile, f'kvgate_stream_events_unread_total{{tenant="{tenant}"}}')
+    body = {"model": SIM_MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    reply = httpx.post(f"{hostile.gateway.url}/v1/chat/completions", json=body, timeout=60,
+                       headers=bearer(hostile.policy.keys[tenant]))
+    assert reply.status_code == 200
+    events = sse_data(reply.text)
+    assert [event == "[DONE]" or "usage" in event for event in events] == [False, False, False, True]
+    assert len(events[1]["prompt_logprobs"]) > 100_000
+    assert events[2]["choices"][0]["delta"]["content"] == "hi"
+    entry = poll(lambda: next((json.loads(line) for line in hostile.gateway.log_text().splitlines()
+                               if reply.headers["x-request-id"] in line and '"event":"request"' in line), None),
+                 what="the request's log line")
+    assert entry["prompt_tokens"] == 5 and entry["ttft_ms"] is not None
+    poll(lambda: metric_value(hostile, f'kvgate_stream_events_unread_total{{tenant="{tenant}"}}') == before + 1,
+         what="the unread event counted")
+
+
+def metric_value(hostile: Hostile, sample: str) -> float:
+    text = httpx.get(f"{hostile.gateway.url}/metrics", timeout=10).text
+    line = next((line for line in text.splitlines() if line.startswith(sample + " ")), None)
+    return float(line.rsplit(" ", 1)[1]) if line else 0.0
 
 
 # -- a store that goes away under the gateway ------------------------------------------------------

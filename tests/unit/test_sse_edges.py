@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.proxy.sse import StreamWatch, Usage, stream_usage, usage_from_body, usage_from_json
+from gateway.proxy.sse import (
+    MAX_OPEN_EVENT_BYTES,
+    StreamWatch,
+    Usage,
+    stream_usage,
+    usage_from_body,
+    usage_from_json,
+)
 
 USAGE_CHUNK = (b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,'
                b'"prompt_tokens_details":{"cached_tokens":3}}}\n\n')
@@ -121,3 +128,50 @@ def test_after_the_first_content_a_whole_event_is_still_read_when_it_may_name_us
     assert crlf.feed(TEXT_CHUNK)[1] is True
     mixed = TEXT_CHUNK.replace(b"\n", b"\r\n") + TEXT_CHUNK  # a CRLF event, then an LF one: ends in LF LF
     assert crlf.feed(mixed) == (TEXT_CHUNK + TEXT_CHUNK, False)  # forwarded with LF line ends
+
+
+def giant_event(size: int, line_end: bytes) -> bytes:
+    """An event of about `size` bytes with neither content nor usage (as vLLM's `prompt_logprobs` of a long
+    prompt), written with `line_end`."""
+    filler = b'{"1":{"logprob":-0.5,"rank":1,"decoded_token":"x"}},' * (size // 52)
+    return b'data: {"id":"c","choices":[],"prompt_logprobs":[' + filler + b'{}]}' + line_end * 2
+
+
+@pytest.mark.parametrize("sizes", [[65536, 1, 2, 3], [100_000, 7], [3_000_001], [65536, 1, 1, 1, 1]])
+@pytest.mark.parametrize("line_end", [b"\n", b"\r\n", b"\r"])
+def test_an_event_longer_than_the_bound_is_passed_on_unread_and_the_stream_after_it_is_read(
+    sizes: list[int], line_end: bytes
+) -> None:
+    """A stream's scan never holds more than MAX_OPEN_EVENT_BYTES (and one read) of an incomplete event: past it,
+    the event is passed on unread, up to its end, and counted; the events after it are read as before (content,
+    usage, the usage event cut out), and no byte is lost or doubled. Wrong version: no bound (the whole event is
+    held until its end, however long)."""
+    def written(event: bytes) -> bytes:
+        return event.replace(b"\n", line_end)
+
+    giant = giant_event(MAX_OPEN_EVENT_BYTES + 3_500_000, line_end)  # open past the bound at every read size
+    spaced = b'data: {"id": "c", "choices": [{"index": 0, "text": "hi"}]}\n\n'  # content found only by decoding
+    stream = written(EMPTY_TEXT) + giant + written(spaced) + written(USAGE_CHUNK) + written(DONE)
+    watch, forwarded, held, first_at, offset, turn = StreamWatch(strip_usage=True), [], 0, None, 0, 0
+    while offset < len(stream):
+        piece = stream[offset:offset + sizes[turn % len(sizes)]]
+        offset, turn = offset + len(piece), turn + 1
+        out, first = watch.feed(piece)
+        forwarded.append(out)
+        held = max(held, len(watch._tail))
+        if first:
+            first_at = offset
+    forwarded.append(watch.flush())
+    expected = EMPTY_TEXT + giant.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + spaced + DONE
+    assert b"".join(forwarded) == expected
+    assert watch.events_unread == 1
+    assert held <= MAX_OPEN_EVENT_BYTES + max(sizes)
+    assert first_at is not None and first_at >= stream.index(written(spaced)) + len(spaced) - 2
+    assert watch.usage == Usage(prompt_tokens=7, cached_tokens=3, completion_tokens=2)
+
+
+def test_an_event_just_within_the_bound_is_read_whole() -> None:
+    watch = StreamWatch(strip_usage=True)
+    event = giant_event(MAX_OPEN_EVENT_BYTES - 1_000, b"\n")
+    out = [watch.feed(event[i:i + 65536])[0] for i in range(0, len(event), 65536)]
+    assert b"".join(out) == event and watch.events_unread == 0

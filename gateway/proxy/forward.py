@@ -98,9 +98,9 @@ class Proxy:
         self.miss_path = miss_path
         self.json_limits = options.json_limits
         self.body_timeout_s = options.body_timeout_s
-        # By tenant, made at its first stream (the series then exists at 0 for dashboards).
+        # By tenant, made at its first stream (the series then exist at 0 for dashboards).
         self.client_stalls = ChildCache(options.client_stalls) if options.client_stalls is not None else None
-        self.events_unread = options.events_unread
+        self.events_unread = ChildCache(options.events_unread) if options.events_unread is not None else None
 
     async def forward(self, ex: Exchange, admitted: Admitted, inbound: Inbound) -> None:
         finishes: list[Finish] = []
@@ -418,8 +418,10 @@ class Proxy:
     async def _end_stream(self, relaying: Relaying, client_sink: ClientSink, tail: bytes) -> None:
         watch = client_sink.watch
         relaying.ex.usage = watch.usage
-        if watch.events_unread and self.events_unread is not None:
-            self.events_unread.labels(relaying.ex.tenant).inc(watch.events_unread)
+        if self.events_unread is not None:  # the tenant's series exists from its first stream, at 0 for dashboards
+            unread = self.events_unread.get(relaying.ex.tenant)
+            if watch.events_unread:
+                unread.inc(watch.events_unread)
         await relaying.client.server_send({"type": "http.response.body", "body": tail, "more_body": False})
 
     async def _relay_assembled(self, relaying: Relaying, response: UpstreamResponse, preread: list[bytes]) -> None:

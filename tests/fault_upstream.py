@@ -53,16 +53,16 @@ class FaultyUpstream:
         if scope["type"] != "http":
             return
         if scope["path"] == "/health":
-            await _reply(send, 200, b"")
+            await reply(send, 200, b"")
             return
         if self.mode == "echo":
-            await _reply(send, 200, await _read(receive))
+            await reply(send, 200, await read_body(receive))
             return
         await _drain(receive)
         if self.mode.startswith("gzip"):
             await _reply_gzip(scope, send, always=self.mode == "gzip-always")
         elif self.mode == "status500":
-            await _reply(send, 500, ERROR_BODY)
+            await reply(send, 500, ERROR_BODY)
         elif self.mode == "giant-event":
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream")]})
@@ -83,7 +83,7 @@ async def _drain(receive: Receive) -> None:
         pass
 
 
-async def _read(receive: Receive) -> bytes:
+async def read_body(receive: Receive) -> bytes:
     chunks: list[bytes] = []
     while True:
         message = await receive()
@@ -100,14 +100,14 @@ async def _wait_forever(receive: Receive) -> None:
 async def _reply_gzip(scope: Scope, send: Send, always: bool) -> None:
     accepted = b"".join(value for name, value in scope["headers"] if name == b"accept-encoding")
     if not always and b"gzip" not in accepted:
-        await _reply(send, 200, COMPLETION)
+        await reply(send, 200, COMPLETION)
         return
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/json"), (b"content-encoding", b"gzip")]})
     await send({"type": "http.response.body", "body": gzip.compress(COMPLETION)})
 
 
-async def _reply(send: Send, status: int, body: bytes) -> None:
+async def reply(send: Send, status: int, body: bytes) -> None:
     await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": body})
 

@@ -14,14 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 import uvicorn
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+from tests.fault_upstream import Receive, Scope, Send, read_body, reply
+
 CUT = "[[stepped:cut]]"
 CUT_BEFORE_CONTENT = "[[stepped:cut-before-content]]"
 
@@ -47,13 +44,13 @@ class SteppedUpstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        body = await _read(receive)
+        body = await read_body(receive)
         if scope["path"] == "/step":
             if self.steps is not None:
                 self.steps.put_nowait(None)
-            await _reply(send, 200, b"{}")
+            await reply(send, 200, b"{}")
         elif scope["path"] == "/state":
-            await _reply(send, 200, json.dumps({"requests": self.requests, "written": self.written}).encode())
+            await reply(send, 200, json.dumps({"requests": self.requests, "written": self.written}).encode())
         elif scope["path"] == "/v1/chat/completions":
             self.requests += 1
             self.written = 0
@@ -62,7 +59,7 @@ class SteppedUpstream:
             cut_at = 1 if CUT_BEFORE_CONTENT in text else 2 if CUT in text else 0
             await self._stream(send, cut_at, self.steps)
         else:
-            await _reply(send, 200, b"")
+            await reply(send, 200, b"")
 
     async def _stream(self, send: Send, cut_at: int, steps: asyncio.Queue[None]) -> None:
         """The answer; `cut_at` is the step that closes the connection instead of writing (0: none)."""
@@ -83,20 +80,6 @@ class SteppedUpstream:
     async def _write(self, send: Send, event: bytes) -> None:
         await send({"type": "http.response.body", "body": event, "more_body": True})
         self.written += 1
-
-
-async def _read(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _reply(send: Send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def main() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import queue
-import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ import httpx
 import pytest
 
 from tests.harness import PolicyDir, bearer, new_secret, run_gateway
-from tests.procs import ServerProcess, free_port, run_server
+from tests.procs import ServerProcess, upstream_module
 from tests.sim.helpers import poll
 from tests.stepped_upstream import CUT, CUT_BEFORE_CONTENT
 
@@ -38,9 +37,7 @@ class Stepped:
 @pytest.fixture(scope="module")
 def stepped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stepped]:
     root = tmp_path_factory.mktemp("stepped")
-    port = free_port()
-    argv = [sys.executable, "-m", "tests.stepped_upstream", "--port", str(port), "--tokens", "3"]
-    with run_server(argv, port, root / "upstream.log", ready_path="/health") as upstream:
+    with upstream_module("tests.stepped_upstream", root / "upstream.log", "--tokens", "3") as upstream:
         policy = PolicyDir(root / "policies", {"stepped": {"upstreams": [upstream.url]}})
         policy.add_tenant("plain")
         policy.add_tenant("retrying", offload={"miss_path": "retry"})

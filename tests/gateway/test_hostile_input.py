@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +16,8 @@ import pytest
 from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, standard_policy
 from tests.harness import PolicyDir, bearer, new_secret, run_gateway
 from tests.ledger.redis_proc import RedisProcess
-from tests.procs import ServerProcess, free_port, run_server
-from tests.sim.helpers import poll, sse_data
+from tests.procs import ServerProcess, upstream_module
+from tests.sim.helpers import metric_value, poll, sse_data
 
 USER_HEADER = "x-end-user"
 
@@ -197,9 +196,7 @@ def test_log_is_json_only(hostile: Hostile) -> None:
 @pytest.fixture(params=["gzip", "gzip-always"])
 def zipping_gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Hostile]]:
     mode: str = request.param
-    port = free_port()
-    argv = [sys.executable, "-m", "tests.fault_upstream", "--port", str(port), "--mode", mode]
-    with run_server(argv, port, tmp_path / "zip.log", ready_path="/health") as upstream:
+    with upstream_module("tests.fault_upstream", tmp_path / "zip.log", "--mode", mode) as upstream:
         policy = PolicyDir(tmp_path / "policies", {"zip": {"upstreams": [upstream.url]}})
         policy.add_tenant("acme")
         policy.add_tenant("retrying", offload={"miss_path": "retry"})
@@ -244,9 +241,7 @@ def test_an_upstream_that_answers_a_stream_with_one_compressed_body_is_relayed_w
 @pytest.fixture(scope="module")
 def giant_event_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
     root = tmp_path_factory.mktemp("giant")
-    port = free_port()
-    argv = [sys.executable, "-m", "tests.fault_upstream", "--port", str(port), "--mode", "giant-event"]
-    with run_server(argv, port, root / "giant.log", ready_path="/health") as upstream:
+    with upstream_module("tests.fault_upstream", root / "giant.log", "--mode", "giant-event") as upstream:
         policy = PolicyDir(root / "policies", {"giant": {"upstreams": [upstream.url]}}, public_paths=["/metrics"])
         policy.add_tenant("acme")
         policy.add_tenant("retrying", offload={"miss_path": "retry"})
@@ -263,7 +258,8 @@ def test_an_event_past_the_bound_reaches_the_client_whole_and_the_events_after_i
     passes it on unread, counted; the client still gets it whole, and the content and usage events after it are
     read (TTFT, prompt tokens, the usage event the client did not ask for cut out)."""
     hostile = giant_event_gateway
-    before = metric_value(hostile, f'kvgate_stream_events_unread_total{{tenant="{tenant}"}}')
+    unread = ("kvgate_stream_events_unread_total", {"tenant": tenant})
+    before = metric_value(hostile.gateway.url, *unread)
     body = {"model": SIM_MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     reply = httpx.post(f"{hostile.gateway.url}/v1/chat/completions", json=body, timeout=60,
                        headers=bearer(hostile.policy.keys[tenant]))
@@ -276,14 +272,7 @@ def test_an_event_past_the_bound_reaches_the_client_whole_and_the_events_after_i
                                if reply.headers["x-request-id"] in line and '"event":"request"' in line), None),
                  what="the request's log line")
     assert entry["prompt_tokens"] == 5 and entry["ttft_ms"] is not None
-    poll(lambda: metric_value(hostile, f'kvgate_stream_events_unread_total{{tenant="{tenant}"}}') == before + 1,
-         what="the unread event counted")
-
-
-def metric_value(hostile: Hostile, sample: str) -> float:
-    text = httpx.get(f"{hostile.gateway.url}/metrics", timeout=10).text
-    line = next((line for line in text.splitlines() if line.startswith(sample + " ")), None)
-    return float(line.rsplit(" ", 1)[1]) if line else 0.0
+    poll(lambda: metric_value(hostile.gateway.url, *unread) == before + 1, what="the unread event counted")
 
 
 # -- a store that goes away under the gateway ------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 from collections.abc import Iterator
 
 import httpx
@@ -14,7 +13,7 @@ import pytest
 
 from gateway.proxy.rawprompt import RAW_PROMPT_BYTES
 from tests.harness import PolicyDir, bearer, expected_salt, new_secret, run_gateway
-from tests.procs import ServerProcess, free_port, run_server
+from tests.procs import ServerProcess, upstream_module
 
 
 class Echo:
@@ -31,9 +30,7 @@ class Echo:
 @pytest.fixture(scope="module")
 def echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Echo]:
     root = tmp_path_factory.mktemp("echo")
-    port = free_port()
-    argv = [sys.executable, "-m", "tests.fault_upstream", "--port", str(port), "--mode", "echo"]
-    with run_server(argv, port, root / "echo.log", ready_path="/health") as upstream:
+    with upstream_module("tests.fault_upstream", root / "echo.log", "--mode", "echo") as upstream:
         policy = PolicyDir(root / "policies", {"echo": {"upstreams": [upstream.url]}})
         policy.add_tenant("acme", cache={"client_salt": "replace"}, offload={"max_load_tokens": 100})
         policy.write()

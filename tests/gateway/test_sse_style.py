@@ -6,23 +6,20 @@ for is still removed, and a `measure_ttft` tenant still gets an assembled reply.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tests.harness import PolicyDir, bearer, new_secret, run_gateway
-from tests.procs import ServerProcess, free_port, run_server
+from tests.procs import ServerProcess, upstream_module
 from tests.sim.helpers import poll
 
 
 @pytest.fixture(scope="module")
 def styled_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, PolicyDir]]:
     root = tmp_path_factory.mktemp("styled")
-    port = free_port()
-    argv = [sys.executable, "-m", "tests.styled_upstream", "--port", str(port)]
-    with run_server(argv, port, root / "upstream.log", ready_path="/health") as upstream:
+    with upstream_module("tests.styled_upstream", root / "upstream.log") as upstream:
         policy = PolicyDir(root / "policies", {"styled": {"upstreams": [upstream.url]}})
         policy.add_tenant("acme")
         policy.add_tenant("retrying", offload={"miss_path": "retry"})  # held until its first content

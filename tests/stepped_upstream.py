@@ -4,7 +4,10 @@
 `POST /v1/chat/completions` writes the head and the role event at once, then one content event per
 `POST /step`, then the usage event and `[DONE]` with the last. A request whose body holds `[[stepped:cut]]` is
 cut after its first content event (the next step closes the connection instead); one whose body holds
-`[[stepped:cut-before-content]]` is cut before it (the first step closes the connection). `GET /state` gives the
+`[[stepped:cut-before-content]]` is cut before it (the first step closes the connection). A marker
+`[[stepped:retryN=ok]]` or `[[stepped:retryN=STATUS]]` decides how a miss-path retry is answered (the gateway names
+the N-th retry's `x-request-id` `<id>-retryN`): streamed without any cut, or with that status and a JSON error
+body. `GET /state` gives the
 number of chat requests received and of events written, so a test knows where the stream stands without
 waiting on a clock.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 
 import uvicorn
 
@@ -21,6 +25,21 @@ from tests.fault_upstream import Receive, Scope, Send, read_body, reply
 
 CUT = "[[stepped:cut]]"
 CUT_BEFORE_CONTENT = "[[stepped:cut-before-content]]"
+RETRY_NUMBER = re.compile(r"-retry(\d+)$")
+
+
+def retry_answer(number: int, answer: str) -> str:
+    """The marker that makes the `number`-th retry answer `ok` (a whole stream) or with a status (e.g. "429")."""
+    return f"[[stepped:retry{number}={answer}]]"
+
+
+def answer_for(request_id: str, text: str) -> str | None:
+    """What the body's markers ask of this request (None: the cut markers decide)."""
+    retry = RETRY_NUMBER.search(request_id)
+    if retry is None:
+        return None
+    marker = re.search(r"\[\[stepped:retry" + retry.group(1) + r"=(ok|\d{3})\]\]", text)
+    return marker.group(1) if marker else None
 
 
 def chat_event(delta: dict[str, str], finish: str | None = None) -> bytes:
@@ -56,7 +75,13 @@ class SteppedUpstream:
             self.written = 0
             self.steps = asyncio.Queue()  # steps meant for an earlier stream never reach this one
             text = body.decode("utf-8", "replace")
-            cut_at = 1 if CUT_BEFORE_CONTENT in text else 2 if CUT in text else 0
+            headers = dict(scope["headers"])
+            answer = answer_for(headers.get(b"x-request-id", b"").decode("latin-1"), text)
+            if answer is not None and answer != "ok":
+                error = {"error": {"message": "stepped status", "type": "server_error", "code": int(answer)}}
+                await reply(send, int(answer), json.dumps(error).encode())
+                return
+            cut_at = 0 if answer == "ok" else 1 if CUT_BEFORE_CONTENT in text else 2 if CUT in text else 0
             await self._stream(send, cut_at, self.steps)
         else:
             await reply(send, 200, b"")

@@ -71,6 +71,20 @@ DEFAULT_JSON_LIMITS = JsonLimits(max_depth=64, max_items=262_144)
 DEFAULT_BODY_TIMEOUT_S = 60.0
 
 
+@dataclass
+class ResponseHead:
+    """A miss-path answer's response head, across its attempts. A held stream's head goes out when its upstream's
+    head arrives, as the plain relay's does, so the client reads it while the engine prefills rather than on the
+    path to the first token (with the head held too, that cost about 0.15 ms of TTFT at c=1, most of it the
+    client's own head parsing; loadtests/reports/perf-2026-12-03b). Only the body is held until content. That is
+    allowed (`early`) only where nothing in the head can change any more: every retry left goes to this pool, so
+    `x-kvgate-pool` stays true. Once `sent`, a retry's answer continues the same response, and a last failure is
+    an error event at its end, as a stream that fails midway ends."""
+
+    early: bool
+    sent: bool = False
+
+
 class Relaying(msgspec.Struct, frozen=True):
     """One forwarded request from its send upstream on: its record, its context, and the client's connection."""
 
@@ -198,29 +212,34 @@ class Proxy:
 
     async def _relay_with_miss_path(self, relaying: Relaying, outbound: Outbound, miss: MissPath) -> None:
         ex, call = relaying.ex, relaying.call
-        failure = await self._attempt(relaying, outbound, first=True)
+        pools = miss.retry_pools(call)
+        head = ResponseHead(early=set(pools) <= {ex.pool})
+        failure = await self._attempt(relaying, outbound, head, first=True)
         if failure is None:
             return
         trail: list[dict[str, str]] = [{"pool": ex.pool, "failure": failure.cause}]
         ex.miss_path = trail
-        for number, pool_name in enumerate(miss.retry_pools(call), start=1):
+        for number, pool_name in enumerate(pools, start=1):
             ex.pool = pool_name
+            head.early = set(pools[number:]) <= {pool_name}
             pool = call.policies.gateway.pools[pool_name]
             prepared = call.prepared
             assert prepared is not None
             candidates = self.health.candidates(pool.upstreams, prepared.affinity)
             retry, action = await miss.retry_outbound(call, outbound, candidates, pool_name,
                                                       f"{ex.request_id}-retry{number}")
-            next_failure = await self._attempt(relaying, retry)
+            next_failure = await self._attempt(relaying, retry, head)
             miss.count(call, pool_name, action, next_failure is None)
             entry = {"pool": pool_name, "action": action, "result": "ok" if next_failure is None else "failed"}
             trail.append(entry if next_failure is None else {**entry, "failure": next_failure.cause})
             if next_failure is None:
                 return
             failure = next_failure
-        await self._deliver_failure(relaying, failure)
+        await self._deliver_failure(relaying, failure, head)
 
-    async def _attempt(self, relaying: Relaying, outbound: Outbound, first: bool = False) -> Failure | None:
+    async def _attempt(
+        self, relaying: Relaying, outbound: Outbound, head: ResponseHead, first: bool = False
+    ) -> Failure | None:
         """Send once; relay the answer unless it failed before its first byte (then say how)."""
         ex = relaying.ex
         ex.sent_at = time.perf_counter()
@@ -232,7 +251,7 @@ class Proxy:
         except GatewayError as error:
             return Failure(_cause(error), error=error)
         try:
-            failure = await self._screen(relaying, response)
+            failure = await self._screen(relaying, response, head)
         except BaseException:
             response.close()
             raise
@@ -242,24 +261,26 @@ class Proxy:
             response.release()
         return failure
 
-    async def _screen(self, relaying: Relaying, response: UpstreamResponse) -> Failure | None:
+    async def _screen(self, relaying: Relaying, response: UpstreamResponse, head: ResponseHead) -> Failure | None:
         """A failure before the first byte, or None once the answer has been relayed."""
         ex, call = relaying.ex, relaying.call
         prepared = call.prepared
         assert prepared is not None
         content_type = response.headers.get("content-type", "application/json")
-        if response.status >= 500:
+        screened = call.route.stream is StreamStyle.CHUNKS and content_encoding(response) == IDENTITY
+        held_stream = response.status == 200 and prepared.upstream_stream and screened and not prepared.assemble
+        if response.status >= 500 or (head.sent and not held_stream):  # after the head only a stream can follow
+            cause = f"status_{response.status}" if response.status != 200 else "unreadable_after_head"
             try:
                 with upstream_errors(ex.pool):
                     body = await response.read()
             except GatewayError as error:
                 return Failure(_cause(error), error=error)
-            return Failure(f"status_{response.status}", status=response.status, body=body, content_type=content_type)
+            return Failure(cause, status=response.status, body=body, content_type=content_type)
         preread: Peeked | None = None
-        screened = call.route.stream is StreamStyle.CHUNKS and content_encoding(response) == IDENTITY
-        if response.status == 200 and prepared.upstream_stream and screened:  # events can be read
-            if not prepared.assemble:
-                return await self._relay_held_stream(relaying, prepared, response)
+        if held_stream:  # events can be read, and are passed on as they come once content shows
+            return await self._relay_held_stream(relaying, prepared, response, head)
+        if response.status == 200 and prepared.upstream_stream and screened:  # assembled: read, then sent whole
             try:
                 with upstream_errors(ex.pool):
                     preread = await peek_stream(response)
@@ -276,8 +297,12 @@ class Proxy:
             return Failure(_cause(error), error=error)  # nothing was sent: the body is read before replying
         return None
 
-    async def _deliver_failure(self, relaying: Relaying, failure: Failure) -> None:
-        """Every attempt failed: the client gets the last failure as it would have without the miss path."""
+    async def _deliver_failure(self, relaying: Relaying, failure: Failure, head: ResponseHead) -> None:
+        """Every attempt failed: the client gets the last failure as it would have without the miss path, or, where
+        the head was sent, as the end of the stream it began."""
+        if head.sent:
+            await self._end_begun_stream(relaying, failure)
+            return
         if failure.error is not None:
             raise failure.error
         ex, send = relaying.ex, relaying.client.send
@@ -299,6 +324,21 @@ class Proxy:
         ex.status = 200
         await send(start_message(200, [(b"content-type", failure.content_type.encode("latin-1")), *headers]))
         await send({"type": "http.response.body", "body": b"".join(failure.chunks), "more_body": False})
+
+    @staticmethod
+    async def _end_begun_stream(relaying: Relaying, failure: Failure) -> None:
+        """The last failure after a held stream's head went out (nothing of its body has): the upstream's own error
+        event where it sent one, else the gateway's, which names the failure."""
+        ex = relaying.ex
+        ex.outcome = Outcome.MISS_PATH_EXHAUSTED
+        if failure.chunks:
+            tail = b"".join(failure.chunks)
+        elif failure.error is not None:
+            tail = stream_error_event(relaying.call.route, str(failure.error))
+        else:
+            tail = stream_error_event(relaying.call.route, f"Every attempt failed; the last upstream answered "
+                                                           f"{failure.status} ({failure.cause}).")
+        await relaying.client.send({"type": "http.response.body", "body": tail, "more_body": False})
 
     # -- relaying an answer -----------------------------------------------------------------------
 
@@ -358,21 +398,26 @@ class Proxy:
         await self._end_stream(relaying, client_sink, tail)
 
     async def _relay_held_stream(
-        self, relaying: Relaying, prepared: RewrittenRequest, response: UpstreamResponse
+        self, relaying: Relaying, prepared: RewrittenRequest, response: UpstreamResponse, head: ResponseHead
     ) -> Failure | None:
-        """`_relay_stream` for the miss path: nothing is sent until the stream shows content (HeldUntilContent),
-        so a stream that fails before it (an error event, a broken connection) is a Failure to retry."""
+        """`_relay_stream` for the miss path: nothing of the body is sent until the stream shows content
+        (HeldUntilContent), so a stream that fails before it (an error event, a broken connection) is a Failure to
+        retry. The head goes out now where it may (ResponseHead), else with the first content."""
         ex = relaying.ex
         ex.status = response.status
+        if head.early and not head.sent:
+            head.sent = True
+            await relaying.client.send(start_message(200, self._headers(ex, response, time.perf_counter())))
         client_sink = self._client_sink(relaying, prepared, response)
         held = HeldUntilContent(client_sink.pass_on,
-                                lambda content: self._start_held(relaying, response, content, client_sink),
+                                lambda content: self._start_held(relaying, response, content, client_sink, head),
                                 response.redirect)
         try:
             last = await response.pump(held.pass_on, keep_last=True)
             if not held.released:  # the stream ended while held (a short answer): its last read decides
                 found = held.screen(last) if last else None
-                if (started := self._start_held(relaying, response, found == "content", client_sink)) is not None:
+                if (started := self._start_held(relaying, response, found == "content", client_sink, head)) \
+                        is not None:
                     await started
                 last = held.take_held()
             tail = client_sink.last(last) + client_sink.watch.flush()
@@ -398,15 +443,18 @@ class Proxy:
         return ClientSink(ex, StreamWatch(prepared.strip_usage), client.server_send, body_writer(client.scope))
 
     def _start_held(
-        self, relaying: Relaying, response: UpstreamResponse, content: bool, sink: ClientSink
+        self, relaying: Relaying, response: UpstreamResponse, content: bool, sink: ClientSink, head: ResponseHead
     ) -> Step | None:
-        """Starts a held stream's response, from the read callback; with `content`, the held reads hold the first
-        generated content, so the watch is told so rather than decoding them again, and TTFT is taken here, where
-        the watch would have taken it."""
+        """Lets a held stream go, from the read callback, starting its response unless its head was sent; with
+        `content`, the held reads hold the first generated content, so the watch is told so rather than decoding
+        them again, and TTFT is taken here, where the watch would have taken it."""
         ex = relaying.ex
         if content:
             sink.watch.content_seen = True
             ex.ttft_s = time.perf_counter() - ex.started
+        if head.sent:
+            return None
+        head.sent = True
         return run_until_blocked(relaying.client.send(start_message(200, self._headers(ex, response,
                                                                                        time.perf_counter()))))
 

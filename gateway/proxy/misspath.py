@@ -1,10 +1,11 @@
 """The miss path: a request whose answer fails before its first byte is answered by recomputing instead.
 
 Loading blocks from the offload tier is an optimisation; a failed load must not become a failed request. For a
-tenant with `offload.miss_path: retry`, an answer that fails before the gateway has sent anything to the client
--- a connection refused or reset, a timeout, a 5xx status, or (streams) an error event before any generated
-content -- is retried once on the same pool with a forced recompute, then once on the tenant's
-`rollout.else_pool` if it has one. After the first byte nothing is retried.
+tenant with `offload.miss_path: retry`, an answer that fails before the gateway has sent any of its content to
+the client -- a connection refused or reset, a timeout, a 5xx status, or (streams) an error event before any
+generated content -- is retried once on the same pool with a forced recompute, then once on the tenant's
+`rollout.else_pool` if it has one. After the first content nothing is retried. (A stream's head may have gone out
+already: gateway/proxy/forward.py's ResponseHead says when.)
 
 How a recompute is forced depends on the server (the pool's `recompute` field):
 - `max_load_tokens`: `kv_transfer_params.max_load_tokens: 0` -- no external load, the GPU prefix cache is kept.
@@ -116,9 +117,9 @@ def action_for(method: RecomputeMethod) -> Action:
 
 @dataclass
 class Failure:
-    """An answer that failed before its first byte reached the client."""
+    """An answer that failed before any of its content reached the client."""
 
-    cause: str  # connect/timeout error name, `status_<code>`, or `error_event`
+    cause: str  # connect/timeout error name, `status_<code>`, `error_event`, or `unreadable_after_head`
     error: Exception | None = None  # the gateway error to raise if this is the last word
     status: int = 0
     body: bytes = b""
@@ -127,7 +128,7 @@ class Failure:
 
 
 class ErrorFirst(Exception):
-    """Raised by HeldUntilContent: the stream's first event is an error, and nothing has been sent."""
+    """Raised by HeldUntilContent: the stream's first event is an error, and none of its body has been sent."""
 
 
 class HeldBack:
@@ -155,9 +156,10 @@ class HeldBack:
 
 class HeldUntilContent(HeldBack):
     """The miss path's sink for a streamed relay (a `Sink` of UpstreamConnection.pump), run in the read callback
-    as the plain relay's is: it holds the stream's reads until `screen` lets them go, then starts the response,
-    passes on everything held in one write, and redirects the pump to the relay's own sink for every later read.
-    ErrorFirst, raised before anything was sent, leaves the request free to be retried.
+    as the plain relay's is: it holds the stream's reads until `screen` lets them go, then starts the response
+    (unless its head went out already: `start` returns None then), passes on everything held in one write, and
+    redirects the pump to the relay's own sink for every later read. ErrorFirst, raised before any of the body was
+    sent, leaves the request free to be retried.
 
     `peek_stream` does the same from the request task, which then wakes for each read before the first token and
     once more to send, all on the path to the client's first token; only an assembled answer (sent whole at the

@@ -2,9 +2,11 @@
 an upstream that writes each event only when the test steps it (tests/stepped_upstream.py): so every later read
 reaches the gateway on its own, while the stream is held or after it was let go, and the test knows which.
 
-With `offload.miss_path: retry`, the gateway sends nothing until the first content and decides there whether to
+With `offload.miss_path: retry`, the gateway sends no body until the first content and decides there whether to
 retry; after that, each event must still go out as it comes (the client gets one before the next is written),
-and a stream cut after its first content ends with an error event and is not retried."""
+and a stream cut after its first content ends with an error event and is not retried. The head goes out at once
+where no retry can change it (every retry left on this pool), and with the first content where one could (a
+tenant with a `rollout.else_pool`), so `x-kvgate-pool` names the pool that answered."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import json
 import queue
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ import pytest
 from tests.harness import PolicyDir, bearer, new_secret, run_gateway
 from tests.procs import ServerProcess, upstream_module
 from tests.sim.helpers import poll
-from tests.stepped_upstream import CUT, CUT_BEFORE_CONTENT
+from tests.stepped_upstream import CUT, CUT_BEFORE_CONTENT, retry_answer
 
 WAIT_S = 15.0  # a bound on each wait for an event, not a measure of anything
 
@@ -38,9 +39,12 @@ class Stepped:
 def stepped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stepped]:
     root = tmp_path_factory.mktemp("stepped")
     with upstream_module("tests.stepped_upstream", root / "upstream.log", "--tokens", "3") as upstream:
-        policy = PolicyDir(root / "policies", {"stepped": {"upstreams": [upstream.url]}})
-        policy.add_tenant("plain")
-        policy.add_tenant("retrying", offload={"miss_path": "retry"})
+        pools = {"stepped": {"upstreams": [upstream.url]}, "other": {"upstreams": [upstream.url]}}
+        policy = PolicyDir(root / "policies", pools)
+        policy.add_tenant("plain", rollout={"pool": "stepped"})
+        policy.add_tenant("retrying", offload={"miss_path": "retry"}, rollout={"pool": "stepped"})
+        policy.add_tenant("switching", offload={"miss_path": "retry"},
+                          rollout={"pool": "stepped", "else_pool": "other"})
         policy.write()
         with run_gateway(policy.root, root / "gateway.log", new_secret()) as gateway:
             yield Stepped(gateway, upstream, policy)
@@ -51,7 +55,8 @@ class Reading:
     """A streamed request read on a thread of its own, each `data:` payload put on `events` as it arrives."""
 
     events: queue.Queue[Any] = field(default_factory=queue.Queue)
-    request_id: list[str] = field(default_factory=list)
+    request_id: list[str] = field(default_factory=list)  # set when the head arrives
+    pool: list[str] = field(default_factory=list)
     failure: list[BaseException] = field(default_factory=list)
 
     def next(self) -> Any:
@@ -69,6 +74,7 @@ def start_reading(stepped: Stepped, tenant: str, text: str) -> tuple[Reading, th
         try:
             with httpx.stream("POST", f"{stepped.gateway.url}/v1/chat/completions", json=body,
                               headers=bearer(stepped.policy.keys[tenant]), timeout=WAIT_S) as reply:
+                reading.pool.append(reply.headers["x-kvgate-pool"])
                 reading.request_id.append(reply.headers["x-request-id"])
                 assert reply.status_code == 200
                 for line in reply.iter_lines():
@@ -157,24 +163,94 @@ def test_a_stream_cut_after_its_first_content_ends_with_an_error_event_and_is_no
     assert entry["ttft_ms"] is not None
 
 
-def test_a_held_stream_cut_before_its_first_content_is_retried_and_the_client_gets_the_last_failure(
-    stepped: Stepped,
-) -> None:
-    """Nothing was sent while the stream was held, so a connection cut there is retried (here on the same pool,
-    the tenant's only one, with a recompute forced) and, when that is cut too, answered as a plain relay would
-    answer a refused upstream: a 502 with nothing half-sent before it."""
+def head_arrived(reading: Reading) -> None:
+    """Wait until the client has the response's head (the upstream meanwhile waits to be stepped)."""
+    poll(lambda: bool(reading.request_id), what="the response head at the client")
+
+
+def test_a_held_stream_sends_its_head_at_once_and_a_retry_continues_it(stepped: Stepped) -> None:
+    """For a tenant whose retries all stay on its pool, the head goes out when upstream's does, before any
+    content; a stream cut before its first content is then retried, and the retry's events (its own role event
+    once, not the cut attempt's) follow the head that was sent."""
     requests_before = upstream_state(stepped)["requests"]
-    body = {"model": "sim-model", "stream": True, "messages": [{"role": "user", "content": CUT_BEFORE_CONTENT}]}
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        replied = pool.submit(httpx.post, f"{stepped.gateway.url}/v1/chat/completions", json=body,
-                              headers=bearer(stepped.policy.keys["retrying"]), timeout=WAIT_S)
-        began(stepped, requests_before)
-        step(stepped)  # the first attempt is cut before its first content
-        began(stepped, requests_before, attempt=2)
-        step(stepped)  # and so is the retry
-        reply = replied.result(timeout=WAIT_S)
-    assert reply.status_code == 502, reply.text
-    assert reply.json()["error"]["type"] == "upstream_error"
-    entry = log_entry(stepped, reply.headers["x-request-id"])
+    reading, thread = start_reading(stepped, "retrying", f"hello {CUT_BEFORE_CONTENT} {retry_answer(1, 'ok')}")
+    began(stepped, requests_before)
+    head_arrived(reading)  # while the upstream still holds its first content back
+    assert reading.pool == ["stepped"]
+    step(stepped)  # the first attempt is cut before its first content
+    began(stepped, requests_before, attempt=2)
+    step(stepped)
+    assert reading.next()["choices"][0]["delta"]["role"] == "assistant"
+    assert content(reading.next()) == "t1"
+    step(stepped)
+    assert content(reading.next()) == "t2"
+    step(stepped)
+    assert content(reading.next()) == "t3"
+    assert reading.next() == "[DONE]"
+    thread.join(WAIT_S)
+    entry = log_entry(stepped, reading.request_id[0])
+    assert entry["status"] == 200 and entry["outcome"] == "ok"
+    assert entry["miss_path"] == [{"pool": "stepped", "failure": "UpstreamTransportError"},
+                                  {"pool": "stepped", "action": "recompute_salt", "result": "ok"}]
+
+
+def test_a_held_stream_whose_retry_is_cut_too_ends_with_an_error_event_after_its_head(stepped: Stepped) -> None:
+    """The head went out, so when every attempt is cut before content the client gets what a stream that fails
+    midway gets: an error event and `[DONE]`, never a second head or a bare close."""
+    requests_before = upstream_state(stepped)["requests"]
+    reading, thread = start_reading(stepped, "retrying", f"hello {CUT_BEFORE_CONTENT}")
+    began(stepped, requests_before)
+    head_arrived(reading)
+    step(stepped)  # the first attempt is cut before its first content
+    began(stepped, requests_before, attempt=2)
+    step(stepped)  # and so is the retry
+    error = reading.next()
+    assert error["error"]["type"] == "upstream_error" and "unavailable" in error["error"]["message"]
+    assert reading.next() == "[DONE]"
+    thread.join(WAIT_S)
+    entry = log_entry(stepped, reading.request_id[0])
+    assert entry["status"] == 200 and entry["outcome"] == "miss_path_exhausted"
     assert [attempt.get("failure") for attempt in entry["miss_path"]] == ["UpstreamTransportError"] * 2
     assert entry["miss_path"][1]["action"] == "recompute_salt"
+
+
+def test_a_retry_that_answers_with_a_status_after_the_head_ends_the_stream_with_an_error_event(
+    stepped: Stepped,
+) -> None:
+    """After the head only a stream can follow: a retry answered with a status (here 429) is the last failure,
+    given as an error event that names it, not relayed as a second response (which the server would refuse)."""
+    requests_before = upstream_state(stepped)["requests"]
+    reading, thread = start_reading(stepped, "retrying", f"hello {CUT_BEFORE_CONTENT} {retry_answer(1, '429')}")
+    began(stepped, requests_before)
+    head_arrived(reading)
+    step(stepped)
+    error = reading.next()
+    assert "429" in error["error"]["message"]
+    assert reading.next() == "[DONE]"
+    thread.join(WAIT_S)
+    entry = log_entry(stepped, reading.request_id[0])
+    assert entry["status"] == 200 and entry["outcome"] == "miss_path_exhausted"
+    assert entry["miss_path"][1] == {"pool": "stepped", "action": "recompute_salt", "result": "failed",
+                                     "failure": "status_429"}
+
+
+def test_a_tenant_with_an_else_pool_gets_the_head_of_the_pool_that_answered(stepped: Stepped) -> None:
+    """A retry may move to the else pool, so the head waits for the first content: when both attempts on the
+    tenant's pool are cut before content and the else pool answers, `x-kvgate-pool` names the else pool."""
+    requests_before = upstream_state(stepped)["requests"]
+    reading, thread = start_reading(stepped, "switching", f"hello {CUT_BEFORE_CONTENT} {retry_answer(2, 'ok')}")
+    for attempt in (1, 2):
+        began(stepped, requests_before, attempt=attempt)
+        step(stepped)  # cut before its first content
+    began(stepped, requests_before, attempt=3)
+    step(stepped)
+    assert reading.next()["choices"][0]["delta"]["role"] == "assistant"
+    assert content(reading.next()) == "t1"
+    assert reading.pool == ["other"]
+    step(stepped)
+    step(stepped)
+    assert [content(reading.next()), content(reading.next()), reading.next()] == ["t2", "t3", "[DONE]"]
+    thread.join(WAIT_S)
+    entry = log_entry(stepped, reading.request_id[0])
+    assert entry["pool"] == "other" and entry["outcome"] == "ok"
+    assert [attempt["pool"] for attempt in entry["miss_path"]] == ["stepped", "stepped", "other"]

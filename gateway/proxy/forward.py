@@ -75,8 +75,8 @@ DEFAULT_BODY_TIMEOUT_S = 60.0
 class ResponseHead:
     """A miss-path answer's response head, across its attempts. A held stream's head goes out when its upstream's
     head arrives, as the plain relay's does, so the client reads it while the engine prefills rather than on the
-    path to the first token (with the head held too, that cost 0.15-0.2 ms of TTFT at c=1, most of it the
-    client's own head parsing; loadtests/reports/perf-2026-12-03b). Only the body is held until content. That is
+    path to the first token (with the head held too, that cost 0.15-0.2 ms of TTFT at c=1, nearly all of it
+    outside the gateway's own timing; loadtests/reports/perf-2026-12-03b). Only the body is held until content. That is
     allowed (`early`) only where nothing in the head can change any more: every retry left goes to this pool, so
     `x-kvgate-pool` stays true. Once `sent`, a retry's answer continues the same response, and a last failure is
     an error event at its end, as a stream that fails midway ends."""

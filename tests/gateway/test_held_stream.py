@@ -110,6 +110,18 @@ def content(event: Any) -> str | None:
     return choices[0]["delta"].get("content") if choices else None
 
 
+def step_through(stepped: Stepped, reading: Reading) -> None:
+    """Step the upstream through its answer (role event written, three tokens to come): the role event and t1
+    reach the client together, then each later token before the next step, then `[DONE]`."""
+    step(stepped)
+    assert reading.next()["choices"][0]["delta"]["role"] == "assistant"
+    assert content(reading.next()) == "t1"
+    for token in ("t2", "t3"):
+        step(stepped)
+        assert content(reading.next()) == token
+    assert reading.next() == "[DONE]"
+
+
 def log_entry(stepped: Stepped, request_id: str) -> dict[str, Any]:
     def find() -> dict[str, Any] | None:
         for line in stepped.gateway.log_text().splitlines():
@@ -127,14 +139,7 @@ def test_each_event_reaches_the_client_before_the_next_is_written(stepped: Stepp
     requests_before = upstream_state(stepped)["requests"]
     reading, thread = start_reading(stepped, tenant, "hello")
     began(stepped, requests_before)
-    step(stepped)
-    assert reading.next()["choices"][0]["delta"]["role"] == "assistant"
-    assert content(reading.next()) == "t1"
-    step(stepped)
-    assert content(reading.next()) == "t2"
-    step(stepped)
-    assert content(reading.next()) == "t3"
-    assert reading.next() == "[DONE]"  # the usage event the gateway asked for on its own is cut out
+    step_through(stepped, reading)  # ends with [DONE]: the usage event the gateway asked for on its own is cut out
     thread.join(WAIT_S)
     assert upstream_state(stepped)["requests"] == requests_before + 1
     entry = log_entry(stepped, reading.request_id[0])
@@ -179,14 +184,7 @@ def test_a_held_stream_sends_its_head_at_once_and_a_retry_continues_it(stepped: 
     assert reading.pool == ["stepped"]
     step(stepped)  # the first attempt is cut before its first content
     began(stepped, requests_before, attempt=2)
-    step(stepped)
-    assert reading.next()["choices"][0]["delta"]["role"] == "assistant"
-    assert content(reading.next()) == "t1"
-    step(stepped)
-    assert content(reading.next()) == "t2"
-    step(stepped)
-    assert content(reading.next()) == "t3"
-    assert reading.next() == "[DONE]"
+    step_through(stepped, reading)
     thread.join(WAIT_S)
     entry = log_entry(stepped, reading.request_id[0])
     assert entry["status"] == 200 and entry["outcome"] == "ok"
@@ -243,14 +241,9 @@ def test_a_tenant_with_an_else_pool_gets_the_head_of_the_pool_that_answered(step
         began(stepped, requests_before, attempt=attempt)
         step(stepped)  # cut before its first content
     began(stepped, requests_before, attempt=3)
-    step(stepped)
-    assert reading.next()["choices"][0]["delta"]["role"] == "assistant"
-    assert content(reading.next()) == "t1"
-    assert reading.pool == ["other"]
-    step(stepped)
-    step(stepped)
-    assert [content(reading.next()), content(reading.next()), reading.next()] == ["t2", "t3", "[DONE]"]
+    step_through(stepped, reading)
     thread.join(WAIT_S)
+    assert reading.pool == ["other"]
     entry = log_entry(stepped, reading.request_id[0])
     assert entry["pool"] == "other" and entry["outcome"] == "ok"
     assert [attempt["pool"] for attempt in entry["miss_path"]] == ["stepped", "stepped", "other"]

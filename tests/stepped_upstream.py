@@ -7,9 +7,8 @@ cut after its first content event (the next step closes the connection instead);
 `[[stepped:cut-before-content]]` is cut before it (the first step closes the connection). A marker
 `[[stepped:retryN=ok]]` or `[[stepped:retryN=STATUS]]` decides how a miss-path retry is answered (the gateway names
 the N-th retry's `x-request-id` `<id>-retryN`): streamed without any cut, or with that status and a JSON error
-body. `GET /state` gives the
-number of chat requests received and of events written, so a test knows where the stream stands without
-waiting on a clock.
+body. `GET /state` gives the number of chat requests received and of events written, so a test knows where the
+stream stands without waiting on a clock.
 """
 
 from __future__ import annotations

@@ -240,7 +240,7 @@ class Proxy:
     async def _attempt(
         self, relaying: Relaying, outbound: Outbound, head: ResponseHead, first: bool = False
     ) -> Failure | None:
-        """Send once; relay the answer unless it failed before its first byte (then say how)."""
+        """Send once; relay the answer unless it failed before its first content (then say how)."""
         ex = relaying.ex
         ex.sent_at = time.perf_counter()
         if first:  # the gateway's own overhead is measured up to the first send; retries are upstream time
@@ -262,7 +262,7 @@ class Proxy:
         return failure
 
     async def _screen(self, relaying: Relaying, response: UpstreamResponse, head: ResponseHead) -> Failure | None:
-        """A failure before the first byte, or None once the answer has been relayed."""
+        """A failure before the first content, or None once the answer has been relayed."""
         ex, call = relaying.ex, relaying.call
         prepared = call.prepared
         assert prepared is not None

@@ -76,10 +76,11 @@ class ResponseHead:
     """A miss-path answer's response head, across its attempts. A held stream's head goes out when its upstream's
     head arrives, as the plain relay's does, so the client reads it while the engine prefills rather than on the
     path to the first token (with the head held too, that cost 0.15-0.2 ms of TTFT at c=1, nearly all of it
-    outside the gateway's own timing; loadtests/reports/perf-2026-12-03b). Only the body is held until content. That is
-    allowed (`early`) only where nothing in the head can change any more: every retry left goes to this pool, so
-    `x-kvgate-pool` stays true. Once `sent`, a retry's answer continues the same response, and a last failure is
-    an error event at its end, as a stream that fails midway ends."""
+    outside the gateway's own timing; loadtests/reports/perf-2026-12-03b). Only the body is held until content.
+    That is allowed (`early`) only where nothing in the head can change: every retry goes to this pool, so
+    `x-kvgate-pool` stays true (a tenant with an else pool keeps the whole answer held, and its last failure is
+    sent as it came). Once `sent`, a retry's answer continues the same response, and a last failure is an error
+    event at its end, as a stream that fails midway ends."""
 
     early: bool
     sent: bool = False
@@ -221,7 +222,6 @@ class Proxy:
         ex.miss_path = trail
         for number, pool_name in enumerate(pools, start=1):
             ex.pool = pool_name
-            head.early = set(pools[number:]) <= {pool_name}
             pool = call.policies.gateway.pools[pool_name]
             prepared = call.prepared
             assert prepared is not None

@@ -14,6 +14,7 @@ import json
 import queue
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,3 +248,22 @@ def test_a_tenant_with_an_else_pool_gets_the_head_of_the_pool_that_answered(step
     entry = log_entry(stepped, reading.request_id[0])
     assert entry["pool"] == "other" and entry["outcome"] == "ok"
     assert [attempt["pool"] for attempt in entry["miss_path"]] == ["stepped", "stepped", "other"]
+
+
+def test_a_tenant_with_an_else_pool_gets_the_last_failure_whole_when_every_attempt_is_cut(stepped: Stepped) -> None:
+    """Its head is held on every attempt, the else pool's too, so when all three are cut before content the client
+    gets what a plain relay gives for an unreachable upstream: a 502, with nothing half-sent before it."""
+    requests_before = upstream_state(stepped)["requests"]
+    body = {"model": "sim-model", "stream": True, "messages": [{"role": "user", "content": CUT_BEFORE_CONTENT}]}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        replied = pool.submit(httpx.post, f"{stepped.gateway.url}/v1/chat/completions", json=body,
+                              headers=bearer(stepped.policy.keys["switching"]), timeout=WAIT_S)
+        for attempt in (1, 2, 3):
+            began(stepped, requests_before, attempt=attempt)
+            step(stepped)  # cut before its first content
+        reply = replied.result(timeout=WAIT_S)
+    assert reply.status_code == 502, reply.text
+    assert reply.json()["error"]["type"] == "upstream_error"
+    entry = log_entry(stepped, reply.headers["x-request-id"])
+    assert [attempt["pool"] for attempt in entry["miss_path"]] == ["stepped", "stepped", "other"]
+    assert [attempt.get("failure") for attempt in entry["miss_path"]] == ["UpstreamTransportError"] * 3

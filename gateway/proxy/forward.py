@@ -21,6 +21,7 @@ from gateway.asgi.disconnect import DisconnectGuard, disconnect_notice
 from gateway.asgi.inline import Ready, Step, run_for_result, run_until_blocked
 from gateway.asgi.io import (
     JSON_TYPE,
+    Message,
     Receive,
     Scope,
     Send,
@@ -214,7 +215,7 @@ class Proxy:
     async def _relay_with_miss_path(self, relaying: Relaying, outbound: Outbound, miss: MissPath) -> None:
         ex, call = relaying.ex, relaying.call
         pools = miss.retry_pools(call)
-        head = ResponseHead(early=set(pools) <= {ex.pool})
+        head = ResponseHead(early=all(pool == ex.pool for pool in pools))
         failure = await self._attempt(relaying, outbound, head, first=True)
         if failure is None:
             return
@@ -268,9 +269,12 @@ class Proxy:
         assert prepared is not None
         content_type = response.headers.get("content-type", "application/json")
         screened = call.route.stream is StreamStyle.CHUNKS and content_encoding(response) == IDENTITY
-        held_stream = response.status == 200 and prepared.upstream_stream and screened and not prepared.assemble
+        readable = response.status == 200 and prepared.upstream_stream and screened  # its events can be read
+        held_stream = readable and not prepared.assemble
         if response.status >= 500 or (head.sent and not held_stream):  # after the head only a stream can follow
             cause = f"status_{response.status}" if response.status != 200 else "unreadable_after_head"
+            if head.sent:  # its body would never be sent (an error event ends the stream): closed unread
+                return Failure(cause, status=response.status)
             try:
                 with upstream_errors(ex.pool):
                     body = await response.read()
@@ -280,7 +284,7 @@ class Proxy:
         preread: Peeked | None = None
         if held_stream:  # events can be read, and are passed on as they come once content shows
             return await self._relay_held_stream(relaying, prepared, response, head)
-        if response.status == 200 and prepared.upstream_stream and screened:  # assembled: read, then sent whole
+        if readable:  # assembled: read, then sent whole
             try:
                 with upstream_errors(ex.pool):
                     preread = await peek_stream(response)
@@ -358,6 +362,10 @@ class Proxy:
         else:
             await self._relay_stream(relaying, prepared, response)
 
+    def _start(self, ex: Exchange, response: UpstreamResponse) -> Message:
+        """The start of a streamed 200 answer, sent now."""
+        return start_message(200, self._headers(ex, response, time.perf_counter()))
+
     def _headers(self, ex: Exchange, response: UpstreamResponse, received: float) -> list[tuple[bytes, bytes]]:
         ex.overhead_s += time.perf_counter() - received
         content_type = response.headers.get("content-type", "application/json")
@@ -386,7 +394,7 @@ class Proxy:
 
     async def _relay_stream(self, relaying: Relaying, prepared: RewrittenRequest, response: UpstreamResponse) -> None:
         ex, client = relaying.ex, relaying.client
-        await client.send(start_message(200, self._headers(ex, response, time.perf_counter())))
+        await client.send(self._start(ex, response))
         client_sink = self._client_sink(relaying, prepared, response)
         try:
             # Every later read is passed on from the connection's read callback, but the last: it goes out in
@@ -407,7 +415,7 @@ class Proxy:
         ex.status = response.status
         if head.early and not head.sent:
             head.sent = True
-            await relaying.client.send(start_message(200, self._headers(ex, response, time.perf_counter())))
+            await relaying.client.send(self._start(ex, response))
         client_sink = self._client_sink(relaying, prepared, response)
         held = HeldUntilContent(client_sink.pass_on,
                                 lambda content: self._start_held(relaying, response, content, client_sink, head),
@@ -455,8 +463,7 @@ class Proxy:
         if head.sent:
             return None
         head.sent = True
-        return run_until_blocked(relaying.client.send(start_message(200, self._headers(ex, response,
-                                                                                       time.perf_counter()))))
+        return run_until_blocked(relaying.client.send(self._start(ex, response)))
 
     @staticmethod
     def _failed_mid_stream(relaying: Relaying, error: Exception) -> bytes:

@@ -104,6 +104,13 @@ class UpstreamUnavailable(GatewayError):
     error_type = "upstream_error"
 
 
+class UpstreamAnswerTooLarge(GatewayError):
+    """An answer the gateway reads whole (a body, an error, a stream it assembles) grew past `max_answer_bytes`."""
+
+    status_code = 502
+    error_type = "upstream_error"
+
+
 class UpstreamTimeout(GatewayError):
     status_code = 504
     error_type = "upstream_error"

@@ -1,11 +1,14 @@
 """A deliberately broken upstream for shadow and proxy tests, run as a real process:
-`python -m tests.fault_upstream --port P --mode hang|status500|drop|gzip|gzip-always|echo`.
+`python -m tests.fault_upstream --port P --mode hang|status500|drop|gzip|gzip-always|echo|giant-event|giant-whole`.
 
 `gzip` compresses its JSON answer when the request's Accept-Encoding allows gzip (as a web server in front of
 vLLM may); `gzip-always` compresses it whatever the request said, and labels it `content-encoding: gzip`.
 `echo` answers 200 with the request body exactly as it arrived, so a test sees the bytes the gateway sent upstream.
 `giant-event` streams a chat answer whose second event is GIANT_EVENT_BYTES long (`prompt_logprobs`, as vLLM sends
-them for a long prompt), written 64 KiB at a time, then one content event, the usage event and `[DONE]`."""
+them for a long prompt), written 64 KiB at a time, then one content event, the usage event and `[DONE]`.
+`giant-whole` answers by the request: a streamed one with the `giant-event` stream, one whose prompt is "fail" with a
+500 of GIANT_EVENT_BYTES, any other with a 200 completion of GIANT_EVENT_BYTES (a `prompt_logprobs` list), each
+written 64 KiB at a time."""
 
 from __future__ import annotations
 
@@ -58,6 +61,9 @@ class FaultyUpstream:
         if self.mode == "echo":
             await reply(send, 200, await read_body(receive))
             return
+        if self.mode == "giant-whole":
+            await _giant_whole(json.loads(await read_body(receive)), send)
+            return
         await _drain(receive)
         if self.mode.startswith("gzip"):
             await _reply_gzip(scope, send, always=self.mode == "gzip-always")
@@ -76,6 +82,24 @@ class FaultyUpstream:
             raise ConnectionAbortedError("dropping the stream on purpose")
         else:
             await _wait_forever(receive)
+
+
+async def _giant_whole(request: dict[str, Any], send: Send) -> None:
+    if request.get("stream"):
+        writes, status, content_type = giant_stream(), 200, b"text/event-stream"
+    else:
+        status = 500 if request.get("prompt") == "fail" else 200
+        entries = b'{"1":{"logprob":-0.5}},' * (GIANT_EVENT_BYTES // 24)
+        whole = (b'{"error":{"message":"' + b"x" * GIANT_EVENT_BYTES + b'","type":"InternalServerError","code":500}}'
+                 if status == 500 else
+                 b'{"id":"cmpl-g","object":"text_completion","model":"sim-model","prompt_logprobs":[' + entries
+                 + b'{}],"choices":[{"index":0,"text":"hi","finish_reason":"length"}]}')
+        writes = [whole[i:i + WRITE_BYTES] for i in range(0, len(whole), WRITE_BYTES)]
+        content_type = b"application/json"
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", content_type)]})
+    for write in writes:
+        await send({"type": "http.response.body", "body": write, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _drain(receive: Receive) -> None:
@@ -115,7 +139,8 @@ async def reply(send: Send, status: int, body: bytes) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--mode", choices=("hang", "status500", "drop", "gzip", "gzip-always", "echo", "giant-event"),
+    parser.add_argument("--mode", choices=("hang", "status500", "drop", "gzip", "gzip-always", "echo", "giant-event",
+                                           "giant-whole"),
                         required=True)
     args = parser.parse_args()
     uvicorn.run(FaultyUpstream(args.mode), host="127.0.0.1", port=args.port, log_level="critical")

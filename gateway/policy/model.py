@@ -107,6 +107,8 @@ class GatewayConfig(Strict):
     default_pool: str
     public_paths: list[str] = Field(default_factory=list)
     max_body_bytes: int = Field(default=10 * 1024 * 1024, gt=0, strict=True)
+    # An answer the gateway must hold whole (not streamed to the client as it comes): bounded like a request body.
+    max_answer_bytes: int = Field(default=64 * 1024 * 1024, gt=0, strict=True)
 
     @field_validator("public_paths")
     @classmethod

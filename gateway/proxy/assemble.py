@@ -25,6 +25,11 @@ class StreamAssembler:
     def feed(self, chunk: bytes) -> None:
         self._buffer += chunk
 
+    @property
+    def size(self) -> int:
+        """Bytes held so far."""
+        return len(self._buffer)
+
     def result(self) -> tuple[int, dict[str, Any]]:
         """(HTTP status, body): 200 and the assembled object, or 500 and an upstream error event."""
         chunks = list(stream_objects(bytes(self._buffer)))

@@ -54,6 +54,7 @@ from gateway.proxy.rollout import choose_pool
 from gateway.proxy.shape import JsonLimits, check_json_shape, check_user_value
 from gateway.proxy.sse import StreamWatch, usage_from_json
 from gateway.proxy.upstream import (
+    AnswerTooLarge,
     UpstreamClient,
     UpstreamResponse,
     UpstreamTransportError,
@@ -277,7 +278,7 @@ class Proxy:
                 return Failure(cause, status=response.status)
             try:
                 with upstream_errors(ex.pool):
-                    body = await response.read()
+                    body = await response.read(call.policies.gateway.max_answer_bytes)
             except GatewayError as error:
                 return Failure(_cause(error), error=error)
             return Failure(cause, status=response.status, body=body, content_type=content_type)
@@ -383,7 +384,7 @@ class Proxy:
     async def _relay_whole(self, relaying: Relaying, response: UpstreamResponse) -> None:
         ex = relaying.ex
         with upstream_errors(ex.pool):
-            body = await response.read()
+            body = await response.read(relaying.call.policies.gateway.max_answer_bytes)
         received = time.perf_counter()
         if ex.capture is not None:
             ex.capture += body
@@ -489,13 +490,17 @@ class Proxy:
             assembler.feed(chunk)
             if ex.capture is not None:
                 ex.capture += chunk
+        limit = relaying.call.policies.gateway.max_answer_bytes
         with upstream_errors(ex.pool):
-            while chunk := await response.next_chunk():
+            while assembler.size <= limit and (chunk := await response.next_chunk()):
                 if watch.feed(chunk)[1]:
                     ex.ttft_s = time.perf_counter() - ex.started
                 assembler.feed(chunk)
                 if ex.capture is not None:
                     ex.capture += chunk
+            if assembler.size > limit:  # held whole before answering: bounded like any answer read whole
+                response.close()
+                raise AnswerTooLarge(limit)
         received = time.perf_counter()
         ex.usage = watch.usage
         status, body = assembler.result()

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from gateway.errors import UpstreamTimeout, UpstreamUnavailable
+from gateway.errors import UpstreamAnswerTooLarge, UpstreamTimeout, UpstreamUnavailable
 from gateway.proxy.balance import UpstreamHealth
 from gateway.proxy.features import Outbound
 
@@ -43,6 +43,14 @@ MAX_TARGETS_CACHED = 1024
 
 class UpstreamTransportError(Exception):
     """The upstream broke the connection, answered malformed HTTP, or closed before the answer was complete."""
+
+
+class AnswerTooLarge(UpstreamTransportError):
+    """An answer read whole grew past its bound; its connection was closed, not reused."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(f"answer exceeds {max_bytes} bytes")
+        self.max_bytes = max_bytes
 
 
 class UpstreamConnectError(UpstreamTransportError):
@@ -69,6 +77,11 @@ def upstream_errors(pool: str) -> Iterator[None]:
         yield
     except TimeoutError as error:
         raise UpstreamTimeout(f"Upstream of pool {pool!r} timed out.") from error
+    except AnswerTooLarge as error:
+        raise UpstreamAnswerTooLarge(
+            f"The answer from pool {pool!r} is larger than the gateway holds whole (max_answer_bytes, "
+            f"{error.max_bytes} bytes); a streamed request is passed on as it arrives.",
+            code="upstream_answer_too_large") from error
     except UpstreamTransportError as error:
         raise UpstreamUnavailable(f"Upstream of pool {pool!r} is unavailable: {type(error).__name__}.") from error
 
@@ -458,9 +471,15 @@ class UpstreamResponse:
         if self._connection is not None:
             self._connection.redirect(sink)
 
-    async def read(self) -> bytes:
+    async def read(self, max_bytes: int) -> bytes:
+        """The rest of the body, whole; past `max_bytes` the connection is closed and AnswerTooLarge raised."""
         parts = []
+        size = 0
         while chunk := await self.next_chunk():
+            size += len(chunk)
+            if size > max_bytes:
+                self.close()
+                raise AnswerTooLarge(max_bytes)
             parts.append(chunk)
         return b"".join(parts)
 

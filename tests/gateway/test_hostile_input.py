@@ -275,6 +275,68 @@ def test_an_event_past_the_bound_reaches_the_client_whole_and_the_events_after_i
     poll(lambda: metric_value(hostile.gateway.url, *unread) == before + 1, what="the unread event counted")
 
 
+# -- answers the gateway must hold whole, past max_answer_bytes ------------------------------------------
+
+
+ANSWER_BOUND = 1024 * 1024  # the test gateway's max_answer_bytes; the upstream's answers are 9 MiB
+
+
+@pytest.fixture(scope="module")
+def giant_whole_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
+    root = tmp_path_factory.mktemp("giant-whole")
+    with upstream_module("tests.fault_upstream", root / "giant.log", "--mode", "giant-whole") as upstream:
+        policy = PolicyDir(root / "policies", {"giant": {"upstreams": [upstream.url]}}, public_paths=["/metrics"],
+                           max_answer_bytes=ANSWER_BOUND)
+        policy.add_tenant("acme")
+        policy.add_tenant("retrying", offload={"miss_path": "retry"})
+        policy.add_tenant("timing", measure_ttft=True)
+        policy.write()
+        with run_gateway(policy.root, root / "gateway.log", new_secret()) as gateway:
+            yield Hostile(gateway, policy)
+
+
+@pytest.mark.parametrize(("tenant", "prompt", "path"), [
+    ("acme", "hi", "a 200 body"),
+    ("acme", "fail", "a 500 body, relayed whole"),
+    ("retrying", "fail", "a 500 body, read whole by the miss path"),
+])
+def test_an_answer_past_max_answer_bytes_is_refused_with_a_clear_502_and_never_held_whole(
+    giant_whole_gateway: Hostile, tenant: str, prompt: str, path: str
+) -> None:
+    """A 9 MiB answer to a request that is not streamed: the gateway stops at its 1 MiB bound, answers 502
+    `upstream_answer_too_large` and says so on the request's log line; a 500 as large is refused the same way."""
+    hostile = giant_whole_gateway
+    before = metric_value(hostile.gateway.url, "kvgate_requests_total",
+                          {"tenant": tenant, "pool": "giant", "route": "/v1/completions", "status": "502"})
+    reply = hostile.post(tenant, {"model": SIM_MODEL, "prompt": prompt, "max_tokens": 1})
+    assert reply.status_code == 502, path
+    assert error_of(reply)["code"] == "upstream_answer_too_large"
+    assert "max_answer_bytes" in str(error_of(reply)["message"])
+    entry = poll(lambda: next((json.loads(line) for line in hostile.gateway.log_text().splitlines()
+                               if reply.headers["x-request-id"] in line and '"event":"request"' in line), None),
+                 what="the request's log line")
+    assert entry["error"] == "UpstreamAnswerTooLarge"
+    poll(lambda: metric_value(hostile.gateway.url, "kvgate_requests_total",
+                              {"tenant": tenant, "pool": "giant", "route": "/v1/completions", "status": "502"})
+         == before + 1, what="the refusal counted")
+
+
+def test_a_stream_the_gateway_assembles_is_bounded_too_and_a_streamed_answer_is_not(
+    giant_whole_gateway: Hostile,
+) -> None:
+    """`measure_ttft` streams upstream and answers the client in one body, so it holds the stream whole: past the
+    bound it is refused like a body. The same 9 MiB asked for as a stream is passed on as it comes, whole."""
+    hostile = giant_whole_gateway
+    body: dict[str, object] = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    assembled = hostile.post("timing", body, path="/v1/chat/completions")
+    assert assembled.status_code == 502
+    assert error_of(assembled)["code"] == "upstream_answer_too_large"
+    streamed = hostile.post("timing", {**body, "stream": True}, path="/v1/chat/completions")
+    assert streamed.status_code == 200
+    assert len(streamed.content) > 8 * ANSWER_BOUND
+    assert sse_data(streamed.text)[-1] == "[DONE]"
+
+
 # -- a store that goes away under the gateway ------------------------------------------------------
 
 

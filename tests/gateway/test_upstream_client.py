@@ -14,6 +14,7 @@ from gateway.proxy.balance import UpstreamHealth
 from gateway.proxy.features import Outbound
 from gateway.proxy.upstream import (
     PAUSE_AT_BYTES,
+    AnswerTooLarge,
     Slots,
     UpstreamClient,
     UpstreamConnectError,
@@ -26,6 +27,7 @@ from gateway.tasks import TaskSupervisor
 from tests.gateway.scripted_upstream import ScriptedServer, answer_ok, drop_second_request, serve
 
 JSON = {"content-type": "application/json"}
+WHOLE = 64 * 1024 * 1024  # the bound on a whole read where a test does not test it
 PATH = "/v1/completions"
 
 
@@ -49,7 +51,7 @@ def test_keeps_connections_alive_and_sends_the_request_intact() -> None:
         for index in range(3):
             response = await client.open("POST", base(url), PATH, {**JSON, "x-request-id": f"r{index}"},
                                          b'{"n":%d}' % index)
-            assert (response.status, await response.read()) == (200, b"{}")
+            assert (response.status, await response.read(WHOLE)) == (200, b"{}")
             response.release()
         client.close()
         assert server.connections == 1
@@ -64,7 +66,7 @@ def test_a_base_url_with_a_path_keeps_it_and_credentials_never_reach_the_host_he
         client = new_client()
         with_path = base(url).replace("http://", "http://user:secret@") + "/prefix"
         response = await client.open("POST", with_path, PATH, JSON, b"{}")
-        assert await response.read() == b"{}"
+        assert await response.read(WHOLE) == b"{}"
         response.release()
         client.close()
         assert server.requests[0].startswith(b"POST /prefix/v1/completions HTTP/1.1\r\n")
@@ -78,7 +80,7 @@ def test_an_idle_connection_the_upstream_dropped_is_replaced_without_failing() -
         client = new_client()
         for _ in range(2):
             response = await client.open("POST", base(url), PATH, JSON, b"{}")
-            assert await response.read() == b"{}"
+            assert await response.read(WHOLE) == b"{}"
             response.release()
         client.close()
         assert server.connections == 2
@@ -139,7 +141,7 @@ def test_an_upstream_that_closes_mid_body_or_answers_garbage_fails_with_a_transp
         client = new_client()
         response = await client.open("POST", base(url), PATH, JSON, b"{}")
         with pytest.raises(UpstreamTransportError):
-            await response.read()
+            await response.read(WHOLE)
         response.close()
         with pytest.raises(UpstreamTransportError):
             await client.open("POST", base(url), PATH, JSON, b"{}")
@@ -164,9 +166,33 @@ def test_a_large_body_pauses_reading_and_still_arrives_whole() -> None:
             await asyncio.sleep(0.01)
         first = await response.next_chunk()
         assert len(first) <= 2 * PAUSE_AT_BYTES  # what was buffered before reading paused, not the whole body
-        assert len(first) + len(await response.read()) == size
+        assert len(first) + len(await response.read(WHOLE)) == size
         response.release()
         client.close()
+
+    asyncio.run(serve(large, calls))
+
+
+def test_a_whole_read_stops_at_its_bound_and_the_connection_is_not_reused() -> None:
+    """Past `max_bytes` a whole read gives up instead of holding the rest, and closes the connection: the rest of
+    that answer must never be read as the start of the next one."""
+    size = 3 * PAUSE_AT_BYTES
+
+    async def large(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size + b"x" * size)
+        await writer.drain()
+
+    async def calls(url: str, server: ScriptedServer) -> None:
+        client = new_client()
+        response = await client.open("POST", base(url), PATH, JSON, b"{}")
+        with pytest.raises(AnswerTooLarge):
+            await response.read(size - 1)
+        response.release()  # as a caller's cleanup would: nothing is left to give back
+        again = await client.open("POST", base(url), PATH, JSON, b"{}")
+        assert len(await again.read(size)) == size
+        again.release()
+        client.close()
+        assert server.connections == 2
 
     asyncio.run(serve(large, calls))
 
@@ -344,7 +370,7 @@ def test_a_refused_connection_marks_the_upstream_down_and_the_next_candidate_ans
         dead = f"http://127.0.0.1:{closed_port()}"
         outbound = Outbound("POST", [dead, base(url)], PATH, JSON, b"{}")
         upstream, response = await open_first_reachable(client, health, outbound)
-        assert upstream == base(url) and await response.read() == b"{}"
+        assert upstream == base(url) and await response.read(WHOLE) == b"{}"
         response.release()
         assert not health.is_up(dead)
         with pytest.raises(UpstreamConnectError):

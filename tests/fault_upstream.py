@@ -1,5 +1,6 @@
 """A deliberately broken upstream for shadow and proxy tests, run as a real process:
-`python -m tests.fault_upstream --port P --mode hang|status500|drop|gzip|gzip-always|echo|giant-event|giant-whole`.
+`python -m tests.fault_upstream --port P --mode MODE`, MODE one of hang, status500, drop, gzip, gzip-always, echo,
+giant-event, giant-whole, long-stream.
 
 `gzip` compresses its JSON answer when the request's Accept-Encoding allows gzip (as a web server in front of
 vLLM may); `gzip-always` compresses it whatever the request said, and labels it `content-encoding: gzip`.
@@ -8,7 +9,8 @@ vLLM may); `gzip-always` compresses it whatever the request said, and labels it 
 them for a long prompt), written 64 KiB at a time, then one content event, the usage event and `[DONE]`.
 `giant-whole` answers by the request: a streamed one with the `giant-event` stream, one whose prompt is "fail" with a
 500 of GIANT_EVENT_BYTES, any other with a 200 completion of GIANT_EVENT_BYTES (a `prompt_logprobs` list), each
-written 64 KiB at a time."""
+written 64 KiB at a time. `long-stream` streams a chat answer of LONG_STREAM_BYTES in content events of about 64 KiB,
+then the usage event and `[DONE]`."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ COMPLETION = (b'{"id":"cmpl-z","object":"text_completion","model":"sim-model","c
               b'"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}')
 CHUNK = b'data: {"id":"cmpl-x","object":"text_completion","choices":[{"index":0,"text":"partial"}]}\n\n'
 GIANT_EVENT_BYTES = 9 * 1024 * 1024  # past the gateway's 8 MiB bound on an event it holds to read
+LONG_STREAM_BYTES = 70 * 1024 * 1024  # past the 64 MiB the gateway keeps of a reply for a shadow comparison
 WRITE_BYTES = 64 * 1024
 
 
@@ -46,6 +49,18 @@ def giant_stream() -> list[bytes]:
             *(giant[i:i + WRITE_BYTES] for i in range(0, len(giant), WRITE_BYTES)),
             chunk(choices=[{"index": 0, "delta": {"content": "hi"}, "finish_reason": "length"}]),
             chunk(choices=[], usage=usage), b"data: [DONE]\n\n"]
+
+
+def long_stream() -> list[bytes]:
+    """The `long-stream` answer, as its writes."""
+    def chunk(**fields: object) -> bytes:
+        body = {"id": "chatcmpl-l", "object": "chat.completion.chunk", "model": "sim-model", **fields}
+        return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+    content = chunk(choices=[{"index": 0, "delta": {"content": "x" * (WRITE_BYTES - 128)}}])
+    usage = {"prompt_tokens": 5, "completion_tokens": LONG_STREAM_BYTES // len(content), "total_tokens": 6}
+    return [chunk(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}]),
+            *[content] * (LONG_STREAM_BYTES // len(content) + 1), chunk(choices=[], usage=usage), b"data: [DONE]\n\n"]
 
 
 class FaultyUpstream:
@@ -69,10 +84,10 @@ class FaultyUpstream:
             await _reply_gzip(scope, send, always=self.mode == "gzip-always")
         elif self.mode == "status500":
             await reply(send, 500, ERROR_BODY)
-        elif self.mode == "giant-event":
+        elif self.mode in ("giant-event", "long-stream"):
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream")]})
-            for write in giant_stream():
+            for write in giant_stream() if self.mode == "giant-event" else long_stream():
                 await send({"type": "http.response.body", "body": write, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         elif self.mode == "drop":
@@ -140,7 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--mode", choices=("hang", "status500", "drop", "gzip", "gzip-always", "echo", "giant-event",
-                                           "giant-whole"),
+                                           "giant-whole", "long-stream"),
                         required=True)
     args = parser.parse_args()
     uvicorn.run(FaultyUpstream(args.mode), host="127.0.0.1", port=args.port, log_level="critical")

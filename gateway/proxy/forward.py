@@ -387,7 +387,7 @@ class Proxy:
             body = await response.read(relaying.call.policies.gateway.max_answer_bytes)
         received = time.perf_counter()
         if ex.capture is not None:
-            ex.capture += body
+            ex.keep_for_shadow(body)
         generation = relaying.call.route.kind is Kind.GENERATE
         if response.status == 200 and generation and content_encoding(response) == IDENTITY:
             ex.usage = usage_from_json(body)
@@ -489,7 +489,7 @@ class Proxy:
                 ex.ttft_s = time.perf_counter() - ex.started
             assembler.feed(chunk)
             if ex.capture is not None:
-                ex.capture += chunk
+                ex.keep_for_shadow(chunk)
         limit = relaying.call.policies.gateway.max_answer_bytes
         with upstream_errors(ex.pool):
             while assembler.size <= limit and (chunk := await response.next_chunk()):
@@ -497,7 +497,7 @@ class Proxy:
                     ex.ttft_s = time.perf_counter() - ex.started
                 assembler.feed(chunk)
                 if ex.capture is not None:
-                    ex.capture += chunk
+                    ex.keep_for_shadow(chunk)
             if assembler.size > limit:  # held whole before answering: bounded like any answer read whole
                 response.close()
                 raise AnswerTooLarge(limit)
@@ -530,7 +530,7 @@ class ClientSink:
         if first:
             ex.ttft_s = time.perf_counter() - ex.started
         if ex.capture is not None:
-            ex.capture += chunk
+            ex.keep_for_shadow(chunk)
         if not forward or self.write(forward):
             return None
         return run_until_blocked(self.send({"type": "http.response.body", "body": forward, "more_body": True}))
@@ -546,7 +546,7 @@ class ClientSink:
         if first:
             ex.ttft_s = time.perf_counter() - ex.started
         if ex.capture is not None:
-            ex.capture += chunk
+            ex.keep_for_shadow(chunk)
         return forward
 
 

@@ -14,6 +14,9 @@ from gateway.proxy.sse import Usage
 REQUEST_LOGGER = "gateway.request"
 NO_POOL = "none"
 MAX_SERIES = 4096  # cached (tenant, pool, route, status) children; cleared when full, so always bounded
+# A reply kept for a shadow comparison, either arm: past this the pair is given up (counted as a shadow error)
+# rather than held, however long the stream runs.
+SHADOW_REPLY_MAX_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -42,6 +45,14 @@ class Exchange:
     stack: list[str] | None = None  # frames (file:line in function) of an unforeseen failure; never its message
     content_encoding: str | None = None  # an upstream body relayed compressed, as the upstream labelled it
     dropped_fields: tuple[str, ...] = ()  # engine-steering body fields removed by policy
+
+    def keep_for_shadow(self, chunk: bytes) -> None:
+        """Add to the captured reply (called only while there is one); past SHADOW_REPLY_MAX_BYTES it is dropped,
+        and the shadow pair with it."""
+        assert self.capture is not None
+        self.capture += chunk
+        if len(self.capture) > SHADOW_REPLY_MAX_BYTES:
+            self.capture = None
 
 
 @dataclass(slots=True)

@@ -14,10 +14,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from gateway.proxy.record import SHADOW_REPLY_MAX_BYTES
 from gateway.proxy.sse import StreamWatch
 from gateway.proxy.upstream import UpstreamClient, UpstreamTransportError
 
-MAX_BODY_BYTES = 64 * 1024 * 1024  # a shadow answer larger than this is abandoned, not buffered
+MAX_BODY_BYTES = SHADOW_REPLY_MAX_BYTES  # a shadow answer larger than this is abandoned, not buffered
 
 
 class ShadowAnswerTooLarge(UpstreamTransportError):

@@ -14,9 +14,10 @@ import pytest
 
 from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, sim_process
 from tests.harness import PolicyDir, bearer, expected_salt, new_secret, run_gateway
-from tests.procs import ServerProcess, free_port, run_server
+from tests.procs import ServerProcess, free_port, run_server, upstream_module
 
 DEADLINE_S = 30.0
+SHADOW_REPLY_BOUND = 64 * 1024 * 1024  # what the gateway keeps of one arm's reply for a comparison
 CONTROL_KEY = "control-pool-key"  # the control pool's upstream has a key of its own
 CONTROL_KEY_ENV = "UPSTREAM_TEST_CONTROL_KEY"
 
@@ -153,3 +154,25 @@ def test_primary_is_unaffected_by_a_broken_shadow_pool(sim: ServerProcess, broke
             assert counts == {"dropped": requests - 2.0}
         else:
             assert counts == {"error": float(requests)}
+
+
+def test_a_primary_reply_past_the_shadow_bound_reaches_the_client_whole_and_gives_the_pair_up(
+    control_sim: ServerProcess, tmp_path: Path
+) -> None:
+    """A 70 MiB streamed reply on the primary: the client gets every byte, while the gateway stops keeping it for
+    the comparison at 64 MiB, so the pair is counted as a shadow error instead of the whole reply being held."""
+    with upstream_module("tests.fault_upstream", tmp_path / "long.log", "--mode", "long-stream") as primary:
+        policy, _, gateway_cm = shadow_gateway(tmp_path, primary.url, control_sim.url)
+        with gateway_cm as gateway:
+            body = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+                    "stream": True}
+            received = 0
+            with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body,
+                              headers=bearer(policy.keys["ab"]), timeout=60) as reply:
+                assert reply.status_code == 200
+                for part in reply.iter_bytes():
+                    received += len(part)
+                    tail = part
+            assert received > SHADOW_REPLY_BOUND and tail.endswith(b"data: [DONE]\n\n")
+            assert wait_counts(gateway, policy, 1) == {"error": 1}
+            assert "shadow_pair_incomplete" in gateway.log_text()

@@ -30,7 +30,14 @@ from gateway.asgi.io import (
     send_body,
     start_message,
 )
-from gateway.errors import BadRequest, GatewayError, RequestTimeout, UnsupportedMediaType, openai_error_body
+from gateway.errors import (
+    BadRequest,
+    GatewayError,
+    RequestTimeout,
+    UnsupportedMediaType,
+    UpstreamAnswerTooLarge,
+    openai_error_body,
+)
 from gateway.metrics import ChildCache
 from gateway.outcomes import Outcome
 from gateway.policy.loader import PolicySet
@@ -297,8 +304,8 @@ class Proxy:
         try:
             await self._relay_response(relaying, response, preread)
         except GatewayError as error:
-            if not whole_before_sending:
-                raise
+            if not whole_before_sending or isinstance(error, UpstreamAnswerTooLarge):
+                raise  # a retry would bring an answer just as large: the engine's work is not done twice
             return Failure(_cause(error), error=error)  # nothing was sent: the body is read before replying
         return None
 

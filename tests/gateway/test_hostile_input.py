@@ -321,6 +321,19 @@ def test_an_answer_past_max_answer_bytes_is_refused_with_a_clear_502_and_never_h
          == before + 1, what="the refusal counted")
 
 
+def test_an_answer_past_max_answer_bytes_is_not_retried_by_the_miss_path(giant_whole_gateway: Hostile) -> None:
+    """The engine answered; only its size was refused. A recompute would bring an answer just as large, so the miss
+    path leaves it: one upstream request, no retry on the log line."""
+    hostile = giant_whole_gateway
+    reply = hostile.post("retrying", {"model": SIM_MODEL, "prompt": "hi", "max_tokens": 1})
+    assert reply.status_code == 502 and error_of(reply)["code"] == "upstream_answer_too_large"
+    entry = poll(lambda: next((json.loads(line) for line in hostile.gateway.log_text().splitlines()
+                               if reply.headers["x-request-id"] in line and '"event":"request"' in line), None),
+                 what="the request's log line")
+    assert entry["error"] == "UpstreamAnswerTooLarge"
+    assert "miss_path" not in entry
+
+
 def test_a_stream_the_gateway_assembles_is_bounded_too_and_a_streamed_answer_is_not(
     giant_whole_gateway: Hostile,
 ) -> None:

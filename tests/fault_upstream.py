@@ -8,9 +8,10 @@ vLLM may); `gzip-always` compresses it whatever the request said, and labels it 
 `giant-event` streams a chat answer whose second event is GIANT_EVENT_BYTES long (`prompt_logprobs`, as vLLM sends
 them for a long prompt), written 64 KiB at a time, then one content event, the usage event and `[DONE]`.
 `giant-whole` answers by the request: a streamed one with the `giant-event` stream, one whose prompt is "fail" with a
-500 of GIANT_EVENT_BYTES, any other with a 200 completion of GIANT_EVENT_BYTES (a `prompt_logprobs` list), each
-written 64 KiB at a time. `long-stream` streams a chat answer of LONG_STREAM_BYTES in content events of about 64 KiB,
-then the usage event and `[DONE]`."""
+500 of GIANT_EVENT_BYTES, any other (a GET too) with a 200 completion of GIANT_EVENT_BYTES (a `prompt_logprobs`
+list), each written 64 KiB at a time.
+`long-stream` streams a chat answer of LONG_STREAM_BYTES in content events of about 64 KiB, then the usage event
+and `[DONE]`."""
 
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ class FaultyUpstream:
             await reply(send, 200, await read_body(receive))
             return
         if self.mode == "giant-whole":
-            await _giant_whole(json.loads(await read_body(receive)), send)
+            body = await read_body(receive)
+            await _giant_whole(json.loads(body) if body else {}, send)
             return
         await _drain(receive)
         if self.mode.startswith("gzip"):

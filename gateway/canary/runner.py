@@ -30,7 +30,7 @@ from gateway.canary.probe import (
 from gateway.errors import GatewayError
 from gateway.log import get_logger
 from gateway.policy.loader import PolicySet
-from gateway.proxy.smallcalls import SmallCalls, client_error
+from gateway.proxy.smallcalls import SmallCalls, client_error, read_small
 
 log = get_logger(__name__)
 SCHEDULE_TICK_S = 5.0  # how often the schedule loop looks for a pool whose interval has passed
@@ -111,7 +111,7 @@ class CanaryRunner:
         session = await self.calls.session()
         async with session.get(f"{upstream}/v1/models", headers=headers) as response:
             response.raise_for_status()
-            model: str = msgspec.json.decode(await response.read())["data"][0]["id"]
+            model: str = msgspec.json.decode(await read_small(response))["data"][0]["id"]
             return model
 
     async def _complete(self, upstream: str, headers: dict[str, str], body: dict[str, Any]) -> int:
@@ -119,7 +119,7 @@ class CanaryRunner:
         session = await self.calls.session()
         async with session.post(f"{upstream}/v1/completions", headers=headers, data=data) as response:
             response.raise_for_status()
-            reply = msgspec.json.decode(await response.read())
+            reply = msgspec.json.decode(await read_small(response))
         details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens")
         if type(cached) is not int:  # unknown is an error, never read as 0 (and never as a pass)
@@ -133,6 +133,6 @@ class CanaryRunner:
             async with session.get(f"{upstream}/metrics", headers=headers) as response:
                 if response.status != 200:
                     return None
-                return external_hits((await response.read()).decode("utf-8", "replace"))
+                return external_hits((await read_small(response)).decode("utf-8", "replace"))
         except client_error():
             return None

@@ -20,7 +20,7 @@ from gateway.plan.build import H200_LINK_BYTES_PER_S, PlanInputs, build_plan
 from gateway.plan.kvsize import prefill_seconds_per_token, server_cache_from_metrics
 from gateway.plan.workingset import parse_window
 from gateway.policy.loader import PolicySet
-from gateway.proxy.smallcalls import SmallCalls, client_error, total_timeout
+from gateway.proxy.smallcalls import SmallCalls, client_error, read_small, total_timeout
 from gateway.reuse.trace import ReuseTrace
 from gateway.storage import errors_with_redis
 
@@ -114,6 +114,6 @@ async def _upstream_metrics(calls: SmallCalls, upstream: str) -> str | None:
     session = await calls.session()
     try:
         async with session.get(f"{upstream}/metrics", timeout=total_timeout(5)) as response:
-            return await response.text() if response.status == 200 else None
+            return (await read_small(response)).decode("utf-8", "replace") if response.status == 200 else None
     except (client_error(), TimeoutError):
         return None

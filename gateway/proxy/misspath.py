@@ -31,7 +31,7 @@ from gateway.asgi.inline import Step
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import PoolConfig
 from gateway.proxy.features import Call, Outbound
-from gateway.proxy.smallcalls import SmallCalls, client_error, total_timeout
+from gateway.proxy.smallcalls import SmallCalls, client_error, read_small, total_timeout
 from gateway.proxy.sse import OutcomeScreen
 from gateway.proxy.upstream import Sink
 from gateway.routes import Kind
@@ -81,7 +81,7 @@ class RecomputeMethods:
         session = await self.calls.session()
         try:
             async with session.get(f"{upstream}/version", timeout=total_timeout(VERSION_TIMEOUT_S)) as response:
-                body = await response.read()
+                body = await read_small(response)
         except (client_error(), TimeoutError):
             return None
         try:

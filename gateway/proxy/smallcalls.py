@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     import aiohttp
 
 SessionFactory = Callable[[], "aiohttp.ClientSession"]
+# What one small call reads of an upstream's answer (`/version`, `/v1/models`, a one-token completion, a `/metrics`
+# page are all far below it): an upstream that sends more fails the call instead of filling the gateway's memory.
+SMALL_ANSWER_MAX_BYTES = 8 * 1024 * 1024
 
 
 def new_session(connections: int, connect_timeout_s: float, read_timeout_s: float) -> aiohttp.ClientSession:
@@ -47,6 +50,20 @@ def total_timeout(seconds: float) -> aiohttp.ClientTimeout:
     import aiohttp
 
     return aiohttp.ClientTimeout(total=seconds)
+
+
+async def read_small(response: aiohttp.ClientResponse, max_bytes: int = SMALL_ANSWER_MAX_BYTES) -> bytes:
+    """The whole body of a small call's answer, or aiohttp's ClientPayloadError (a `client_error()`, which every
+    caller already handles as a failed call) once it passes `max_bytes`; the connection is then not reused."""
+    import aiohttp
+
+    body = bytearray()
+    async for chunk in response.content.iter_any():
+        body += chunk
+        if len(body) > max_bytes:
+            response.close()
+            raise aiohttp.ClientPayloadError(f"answer exceeds {max_bytes} bytes")
+    return bytes(body)
 
 
 class SmallCalls:

@@ -5,6 +5,7 @@ that handler)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.proxy.smallcalls import SmallCalls, client_error, read_small
 from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, UPSTREAM_KEY_ENV, standard_policy
 from tests.harness import PolicyDir, bearer, new_secret, run_gateway
 from tests.ledger.redis_proc import RedisProcess
@@ -332,6 +334,26 @@ def test_an_answer_past_max_answer_bytes_is_not_retried_by_the_miss_path(giant_w
                  what="the request's log line")
     assert entry["error"] == "UpstreamAnswerTooLarge"
     assert "miss_path" not in entry
+
+
+def test_the_gateways_small_calls_to_an_upstream_read_at_most_their_bound(giant_whole_gateway: Hostile) -> None:
+    """`/version` (the miss path), `/v1/models` and `/metrics` (canary, plan) are read through one helper: a 9 MiB
+    answer fails the call, with the error every caller already treats as a failed call, past a bound below it;
+    under a bound above it the whole body arrives."""
+    upstream = giant_whole_gateway.policy.gateway["pools"]["giant"]["upstreams"][0]
+
+    async def read(max_bytes: int) -> int:
+        calls = SmallCalls.pooled(connections=2, connect_timeout_s=5, read_timeout_s=30)
+        try:
+            session = await calls.session()
+            async with session.get(f"{upstream}/version") as response:
+                return len(await read_small(response, max_bytes))
+        finally:
+            await calls.close()
+
+    with pytest.raises(client_error()):
+        asyncio.run(read(ANSWER_BOUND))
+    assert asyncio.run(read(16 * ANSWER_BOUND)) > 8 * ANSWER_BOUND
 
 
 def test_a_stream_the_gateway_assembles_is_bounded_too_and_a_streamed_answer_is_not(

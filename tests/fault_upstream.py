@@ -36,32 +36,31 @@ LONG_STREAM_BYTES = 70 * 1024 * 1024  # past the 64 MiB the gateway keeps of a r
 WRITE_BYTES = 64 * 1024
 
 
+def chat_chunk(**fields: object) -> bytes:
+    """One chat stream event, as vLLM writes it."""
+    body = {"id": "chatcmpl-f", "object": "chat.completion.chunk", "model": "sim-model", **fields}
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
 def giant_stream() -> list[bytes]:
     """The `giant-event` answer, as its writes."""
-    def chunk(**fields: object) -> bytes:
-        body = {"id": "chatcmpl-g", "object": "chat.completion.chunk", "model": "sim-model", **fields}
-        return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
-
     entry = b'{"1":{"logprob":-0.5,"rank":1,"decoded_token":"x"}},'
-    giant = (b'data: {"id":"chatcmpl-g","object":"chat.completion.chunk","choices":[],"prompt_logprobs":['
+    giant = (b'data: {"id":"chatcmpl-f","object":"chat.completion.chunk","choices":[],"prompt_logprobs":['
              + entry * (GIANT_EVENT_BYTES // len(entry)) + b'{}]}\n\n')
     usage = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
-    return [chunk(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}]),
+    return [chat_chunk(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}]),
             *(giant[i:i + WRITE_BYTES] for i in range(0, len(giant), WRITE_BYTES)),
-            chunk(choices=[{"index": 0, "delta": {"content": "hi"}, "finish_reason": "length"}]),
-            chunk(choices=[], usage=usage), b"data: [DONE]\n\n"]
+            chat_chunk(choices=[{"index": 0, "delta": {"content": "hi"}, "finish_reason": "length"}]),
+            chat_chunk(choices=[], usage=usage), b"data: [DONE]\n\n"]
 
 
 def long_stream() -> list[bytes]:
     """The `long-stream` answer, as its writes."""
-    def chunk(**fields: object) -> bytes:
-        body = {"id": "chatcmpl-l", "object": "chat.completion.chunk", "model": "sim-model", **fields}
-        return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
-
-    content = chunk(choices=[{"index": 0, "delta": {"content": "x" * (WRITE_BYTES - 128)}}])
-    usage = {"prompt_tokens": 5, "completion_tokens": LONG_STREAM_BYTES // len(content), "total_tokens": 6}
-    return [chunk(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}]),
-            *[content] * (LONG_STREAM_BYTES // len(content) + 1), chunk(choices=[], usage=usage), b"data: [DONE]\n\n"]
+    content = chat_chunk(choices=[{"index": 0, "delta": {"content": "x" * (WRITE_BYTES - 128)}}])
+    events = LONG_STREAM_BYTES // len(content) + 1
+    usage = {"prompt_tokens": 5, "completion_tokens": events, "total_tokens": 5 + events}
+    return [chat_chunk(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}]),
+            *[content] * events, chat_chunk(choices=[], usage=usage), b"data: [DONE]\n\n"]
 
 
 class FaultyUpstream:

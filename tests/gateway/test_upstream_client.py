@@ -150,12 +150,17 @@ def test_an_upstream_that_closes_mid_body_or_answers_garbage_fails_with_a_transp
     asyncio.run(serve(cut_or_garbage, calls))
 
 
-def test_a_large_body_pauses_reading_and_still_arrives_whole() -> None:
-    size = 3 * PAUSE_AT_BYTES
+LARGE = 3 * PAUSE_AT_BYTES
 
-    async def large(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size + b"x" * size)
-        await writer.drain()
+
+async def answer_large(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
+    """Every request gets a LARGE body of `x`."""
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % LARGE + b"x" * LARGE)
+    await writer.drain()
+
+
+def test_a_large_body_pauses_reading_and_still_arrives_whole() -> None:
+    size = LARGE
 
     async def calls(url: str, server: ScriptedServer) -> None:
         client = new_client()
@@ -170,17 +175,13 @@ def test_a_large_body_pauses_reading_and_still_arrives_whole() -> None:
         response.release()
         client.close()
 
-    asyncio.run(serve(large, calls))
+    asyncio.run(serve(answer_large, calls))
 
 
 def test_a_whole_read_stops_at_its_bound_and_the_connection_is_not_reused() -> None:
     """Past `max_bytes` a whole read gives up instead of holding the rest, and closes the connection: the rest of
     that answer must never be read as the start of the next one."""
-    size = 3 * PAUSE_AT_BYTES
-
-    async def large(connection: int, index: int, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size + b"x" * size)
-        await writer.drain()
+    size = LARGE
 
     async def calls(url: str, server: ScriptedServer) -> None:
         client = new_client()
@@ -194,7 +195,7 @@ def test_a_whole_read_stops_at_its_bound_and_the_connection_is_not_reused() -> N
         client.close()
         assert server.connections == 2
 
-    asyncio.run(serve(large, calls))
+    asyncio.run(serve(answer_large, calls))
 
 
 async def relayed(response: UpstreamResponse, first_taken: asyncio.Event | None = None) -> list[bytes]:

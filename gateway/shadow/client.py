@@ -16,13 +16,9 @@ from dataclasses import dataclass
 
 from gateway.proxy.record import SHADOW_REPLY_MAX_BYTES
 from gateway.proxy.sse import StreamWatch
-from gateway.proxy.upstream import UpstreamClient, UpstreamTransportError
+from gateway.proxy.upstream import AnswerTooLarge, UpstreamClient
 
 MAX_BODY_BYTES = SHADOW_REPLY_MAX_BYTES  # a shadow answer larger than this is abandoned, not buffered
-
-
-class ShadowAnswerTooLarge(UpstreamTransportError):
-    """The answer grew past the shadow's body limit; its connection is closed, not reused."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +41,7 @@ class AnswerCollector:
     def take(self, chunk: bytes) -> None:
         self.size += len(chunk)
         if self.size > self.max_bytes:
-            raise ShadowAnswerTooLarge(f"shadow answer exceeds {self.max_bytes} bytes")
+            raise AnswerTooLarge(self.max_bytes)  # ShadowClient.post then closes the connection
         self.parts.append(chunk)
         watch = self._watch
         if watch is not None and watch.feed(chunk)[1]:

@@ -14,8 +14,8 @@ import trustme
 
 from gateway.devtools.localproc import ServerProcess
 from gateway.proxy.sse import stream_usage
-from gateway.proxy.upstream import UpstreamClient, UpstreamConnectError, UpstreamTransportError
-from gateway.shadow.client import AnswerCollector, ShadowAnswer, ShadowAnswerTooLarge, ShadowClient
+from gateway.proxy.upstream import AnswerTooLarge, UpstreamClient, UpstreamConnectError, UpstreamTransportError
+from gateway.shadow.client import AnswerCollector, ShadowAnswer, ShadowClient
 from gateway.shadow.compare import generated_text
 from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY
 from tests.gateway.scripted_upstream import ScriptedServer, answer_ok, drop_second_request, serve
@@ -177,7 +177,7 @@ def test_an_answer_past_the_body_limit_is_abandoned_and_its_connection_not_reuse
 
     async def calls(url: str, server: ScriptedServer) -> None:
         client = shadow_client(max_body_bytes=64)
-        with pytest.raises(ShadowAnswerTooLarge):
+        with pytest.raises(AnswerTooLarge):
             await post(client, url, JSON, b"{}")
         assert (await post(client, url, JSON, b"{}")).body == b"x" * 64  # exactly the limit is kept
         client.close()

@@ -9,9 +9,13 @@ client's JSON text — a `msgspec.Raw` view of the body, not a copy — that the
 That one pass still validates the whole body as JSON (syntax, escapes, surrogate pairs, control characters in
 strings); UTF-8, which msgspec does not check in a value it skips, is checked here. Two things are left to the
 engine inside a kept prompt, because finding them means decoding it: a number too large for a float (`1e400`),
-and a key repeated inside one message object (the engine, like every reader in the gateway, keeps the last).
-Keys repeated at the top level, where every field the gateway owns lives, are still merged before the body is
-encoded, so only one of each reaches the engine.
+and a key repeated inside one message object (the engine keeps the last). Keys repeated at the top level, where
+every field the gateway owns lives, are still merged before the body is encoded, so only one of each reaches the
+engine.
+
+Readers of a kept prompt's start: the affinity prefix takes `decoded_head` as it stands (a preference among
+replicas, nothing more); the admission key takes `exact_head`, which refuses a head that a member after the cut
+could contradict, so it reads what the engine reads.
 """
 
 from __future__ import annotations
@@ -33,6 +37,17 @@ HEAD_BYTES = (1024, 4096)
 MAX_TRIM = 12
 CLOSING = {ord("["): b"]", ord("{"): b"}"}
 EMPTY_PAIR = re.compile(rb"\{\}|\[\]")
+# Ends the cut string in an exact head: a noncharacter, which text rarely holds (where it does, a reader that stops
+# at the first one stops early, never late).
+CUT_MARK = "\uffff"
+# How far an exact head's check reads past the cut: the cut string's end is found window by window, giving up after
+# QUOTE_BUDGET escaped quotes (a long quoted text then takes the whole decode); AFTER_CUT_BYTES is the whitespace
+# and closing brackets it reads after that string.
+SCAN_WINDOW = 64 * 1024
+QUOTE_BUDGET = 64
+AFTER_CUT_BYTES = 256
+JSON_SPACE = frozenset(b" \t\r\n")
+BACKSLASH = ord("\\")
 
 RawFields = dict[str, msgspec.Raw]
 
@@ -95,6 +110,33 @@ def decoded_head(raw: msgspec.Raw, size: int) -> object | None:
     cut between values, as in a list of token ids, goes back to the last comma) and the open arrays and objects
     are closed. So every value in it is complete except the last one, which may be cut short (a string: its
     start). None when the repair does not decode; the caller then decodes the whole value."""
+    repaired = _repaired_head(raw, size, b"")
+    return None if repaired is None else repaired.value
+
+
+def exact_head(raw: msgspec.Raw, size: int) -> object | None:
+    """The head as `decoded_head` makes it, with CUT_MARK ending the string the cut falls in, and only when nothing
+    after the cut can change a value before it: every object open at the cut closes right after the cut value. (A
+    member after it could repeat an earlier key, and the engine reads the last one, or hold a key a reader puts
+    first, such as a message's role after its content.) Then the head is the whole value with the cut string
+    shortened and marked and the items after it dropped, so a reader that walks the head in order reads the whole
+    value's start up to the mark. None otherwise; the caller then decodes the whole value."""
+    repaired = _repaired_head(raw, size, CUT_MARK.encode())
+    if repaired is None:
+        return None
+    if repaired.closers.find(b"}") >= 0 and not _closes_after_cut(memoryview(raw), repaired):
+        return None
+    return repaired.value
+
+
+class _Repaired(msgspec.Struct, frozen=True):
+    value: object
+    closers: bytes  # the brackets that close what the head left open, innermost first
+    cut: int  # where the head ends in the value
+    string_cut: bool  # the cut fell inside a string (else the head went back to its last comma)
+
+
+def _repaired_head(raw: msgspec.Raw, size: int, mark: bytes) -> _Repaired | None:
     if len(raw) <= size:
         return None
     head = bytes(memoryview(raw)[:size])
@@ -108,14 +150,60 @@ def decoded_head(raw: msgspec.Raw, size: int) -> object | None:
     trims = min(MAX_TRIM, len(head) - head.rfind(b'"') - 1)
     for trim in range(trims + 1):
         try:
-            value: object = msgspec.json.decode(head[: len(head) - trim] + b'"' + closers)
-            return value
+            value: object = msgspec.json.decode(head[: len(head) - trim] + mark + b'"' + closers)
+            return _Repaired(value, closers, size, string_cut=True)
         except msgspec.DecodeError:
             continue  # an escape or a UTF-8 sequence cut in half: back off one more byte
     return None
 
 
-def _head_to_last_comma(head: bytes) -> object | None:
+def _closes_after_cut(view: memoryview, repaired: _Repaired) -> bool:
+    """Whether every object open at the cut closes right after the cut value, with only whitespace between its
+    closing brackets; a list open there may go on once no object is open around it (later items add, they
+    replace nothing). Undecided (False) past QUOTE_BUDGET escaped quotes or AFTER_CUT_BYTES of whitespace."""
+    if not repaired.string_cut:
+        return False  # a value dropped at the comma may be an object's member: only lists may be open (above)
+    end = _string_end(view, repaired.cut)
+    if end < 0:
+        return False
+    after = bytes(view[end + 1 : end + 1 + AFTER_CUT_BYTES])
+    position = 0
+    for index, closer in enumerate(repaired.closers):
+        if repaired.closers.find(b"}", index) < 0:
+            return True
+        while position < len(after) and after[position] in JSON_SPACE:
+            position += 1
+        if position == len(after) or after[position] != closer:
+            return False  # a comma: a member, or an item inside an object still open
+        position += 1
+    return True
+
+
+def _string_end(view: memoryview, start: int) -> int:
+    """Where the JSON string that `start` lies in ends (the value is valid JSON, so it does), found window by window
+    without copying the whole value; -1 past QUOTE_BUDGET escaped quotes, or a run of more than QUOTE_BUDGET
+    backslashes before a quote."""
+    escaped = 0
+    for window_start in range(start, len(view), SCAN_WINDOW):
+        window = bytes(view[window_start : window_start + SCAN_WINDOW])
+        found = window.find(b'"')
+        while found >= 0:
+            quote = window_start + found
+            backslashes = 0
+            while view[quote - 1 - backslashes] == BACKSLASH:
+                backslashes += 1
+                if backslashes > QUOTE_BUDGET:
+                    return -1
+            if backslashes % 2 == 0:
+                return quote
+            escaped += 1
+            if escaped > QUOTE_BUDGET:
+                return -1
+            found = window.find(b'"', found + 1)
+    return -1
+
+
+def _head_to_last_comma(head: bytes) -> _Repaired | None:
     """A head cut between values (in a number, a literal, after a colon), made whole up to its last comma."""
     cut = head.rfind(b",")
     if cut < 0:
@@ -128,7 +216,7 @@ def _head_to_last_comma(head: bytes) -> object | None:
         value: object = msgspec.json.decode(head[:cut] + closers)
     except msgspec.DecodeError:  # e.g. an object cut after a key: the caller decodes the whole value
         return None
-    return value
+    return _Repaired(value, closers, cut, string_cut=False)
 
 
 def _cut_state(head: bytes) -> tuple[bool, bytes]:

@@ -9,8 +9,7 @@ from gateway.metrics import ChildCache, GatewayMetrics
 from gateway.policy.model import AdmissionPolicy
 from gateway.proxy.features import Call, Finish, RequestFeature
 from gateway.proxy.record import Exchange
-from gateway.reuse.admission import AdmissionRule, prefix_span
-from gateway.reuse.fingerprint import canonical_parts
+from gateway.reuse.admission import AdmissionRule, request_span
 from gateway.reuse.shared import Admission, rule_of
 from gateway.routes import Kind
 
@@ -38,9 +37,7 @@ class AdmissionFeature(RequestFeature):
             return None
         tenant = call.tenant.tenant
         rule = self._rule(tenant, policy)
-        parts = canonical_parts(request)
-        span = prefix_span(parts, rule.prefix_chunks) if parts is not None else None
-        key = self.admission.key_for(tenant, span, rule.prefix_chunks)
+        key = self.admission.key_for(tenant, request_span(request, rule.prefix_chunks), rule.prefix_chunks)
         result, store_failed = await self.admission.admit(tenant, key, rule)
         self._decisions.get(tenant, result.decision).inc()
         if store_failed:

@@ -22,6 +22,8 @@ from typing import Any
 
 import msgspec
 
+from gateway.proxy.rawprompt import CUT_MARK, exact_head
+
 FINGERPRINT_BYTES = 8
 DEFAULT_CHARS_PER_TOKEN = 4.0
 MAX_CHUNKS = 4096  # a 256k-token prompt at 64-token blocks; longer prompts are fingerprinted up to here
@@ -82,6 +84,43 @@ def _prompt_value(value: object) -> object:
         return msgspec.json.decode(value)
     except msgspec.DecodeError:
         return None
+
+
+def prompt_field(request: dict[str, Any]) -> str | None:
+    """The field that carries the prompt, in the order canonical_parts reads them."""
+    return next((name for name in ("messages", "prompt", "input") if name in request), None)
+
+
+def kept_prompt_bytes(request: dict[str, Any]) -> int:
+    """The length of the prompt's JSON text when the request kept it as text (gateway.proxy.rawprompt), else 0."""
+    field = prompt_field(request)
+    value = request[field] if field is not None else None
+    return len(value) if isinstance(value, msgspec.Raw) else 0
+
+
+def exact_head_parts(request: dict[str, Any], size: int) -> tuple[PromptParts, int] | None:
+    """The parts of the first `size` bytes of a prompt kept as JSON text, read without decoding the rest, and how
+    many of their units are the whole prompt's (those before the cut); None for a prompt not kept as text or a
+    head that cannot be read exactly (gateway.proxy.rawprompt.exact_head)."""
+    field = prompt_field(request)
+    value = request[field] if field is not None else None
+    if not isinstance(value, msgspec.Raw):
+        return None
+    head = exact_head(value, size)
+    if head is None:
+        return None
+    parts = _message_parts(head) if field == "messages" else _prompt_parts(head)
+    if parts is None:
+        return None
+    if parts.ids is not None:
+        return parts, len(parts.ids)  # a list cut between items: every id in it is whole
+    exact = 0
+    for text in parts.texts:
+        mark = text.find(CUT_MARK)
+        if mark >= 0:
+            return parts, exact + mark
+        exact += len(text)
+    return parts, exact
 
 
 def fingerprints(key: bytes, prompt: str | list[int], block_size: int, chars_per_token: float) -> list[bytes]:

@@ -3,6 +3,7 @@ sharing one doorkeeper through a real redis-server (including Redis being killed
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,6 +105,28 @@ def test_short_prompts_and_chat_and_tenants_without_admission(
     prompt = doc()
     assert sent_params(sim, send(server, policy.keys["open"], prompt)) == {"max_offload_tokens": CAP}
     assert admission_count(server, "open", "new") == 0
+
+
+def test_a_long_chat_message_is_admitted_by_the_content_the_engine_reads(
+    gateway: tuple[ServerProcess, PolicyDir], sim: ServerProcess
+) -> None:
+    """A message repeating its content key after a long first value: the engine reads the second, so admission
+    must key on it too, though the gateway reads a long prompt from its head."""
+    server, policy = gateway
+    first, second = (doc() * 20, doc() * 20)  # 80 KiB each: past HEAD_SPAN_FROM, so read from the head
+    repeated = json.dumps({"model": SIM_MODEL, "max_tokens": 1, "messages": "MESSAGES"}).replace(
+        '"MESSAGES"', f'[{{"role": "user", "content": {json.dumps(first)}, "content": {json.dumps(second)}}}]')
+
+    def chat(body: str) -> httpx.Response:
+        headers = {**bearer(policy.keys["keep"]), "content-type": "application/json"}
+        return httpx.post(f"{server.url}/v1/chat/completions", content=body, headers=headers, timeout=30)
+
+    def plain(content: str) -> str:
+        return json.dumps({"model": SIM_MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": content}]})
+
+    assert sent_params(sim, chat(repeated)) == {"max_offload_tokens": 0}
+    assert sent_params(sim, chat(plain(second))) == {"max_offload_tokens": CAP}  # the engine saw it before
+    assert sent_params(sim, chat(plain(first))) == {"max_offload_tokens": 0}  # it never did
 
 
 def test_decisions_are_counted(gateway: tuple[ServerProcess, PolicyDir]) -> None:

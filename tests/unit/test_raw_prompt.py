@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -17,7 +18,8 @@ from gateway.policy.model import TenantPolicy
 from gateway.proxy.rawprompt import HEAD_BYTES, RAW_PROMPT_BYTES, decode_request, decoded_head
 from gateway.proxy.rewrite import AFFINITY_CHARS, _text_of, prompt_prefix, rewrite_request
 from gateway.proxy.shape import comma_count
-from gateway.reuse.fingerprint import canonical_parts
+from gateway.reuse.admission import head_sizes, prefix_span, prefix_units, request_span
+from gateway.reuse.fingerprint import canonical_parts, exact_head_parts
 from gateway.routes import ROUTES
 from gateway.salts import Salts
 from tests.salt_vectors import UNIT_SECRET, known_salt
@@ -239,3 +241,123 @@ def test_a_repaired_head_is_the_start_of_the_whole_value(value: object, ascii_on
     assert _text_of(value).startswith(_text_of(head))
     if isinstance(value, list):
         assert isinstance(head, list) and head[:-1] == value[: len(head) - 1]
+
+
+# The admission key from a kept prompt's head (gateway.reuse.admission.request_span, rawprompt.exact_head): the
+# span it reads must be the whole prompt's, whatever follows the cut.
+
+def whole_span(body: bytes, prefix_chunks: int) -> str | list[int] | None:
+    parts = canonical_parts(msgspec.json.decode(body))
+    return prefix_span(parts, prefix_chunks) if parts is not None else None
+
+
+def object_text(members: Sequence[tuple[str, object]]) -> str:
+    """A JSON object with these members in this order, repeated keys included (which json.dumps cannot write)."""
+    return "{" + ", ".join(f"{json.dumps(name)}: {json.dumps(value)}" for name, value in members) + "}"
+
+
+def chat_text(*messages: Sequence[tuple[str, object]]) -> bytes:
+    return ('{"model": "m", "messages": [' + ", ".join(object_text(message) for message in messages) + "]}").encode()
+
+
+@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("prefix_chunks", [1, 4, 7])
+def test_the_admission_span_of_a_kept_prompt_is_the_whole_prompts(seed: int, prefix_chunks: int) -> None:
+    rng = random.Random(seed)
+    for body in prompt_shapes(rng, rng.randint(100, 6000)):
+        raw = serialised(body, rng)
+        kept = decode_request(raw, raw_from=0)
+        assert request_span(kept, prefix_chunks, head_from=0) == whole_span(raw, prefix_chunks)
+
+
+PLAIN = "the cache of a block is kept per tenant and " * 400
+
+
+@pytest.mark.parametrize("body", [
+    json.dumps({"model": "m", "messages": [{"role": "system", "content": "Answer briefly."},
+                                           {"role": "user", "content": PLAIN}], "stream": True}),
+    json.dumps({"model": "m", "messages": [{"role": "user", "content": PLAIN}]}, indent=2),
+    json.dumps({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": PLAIN}]}]}),
+    json.dumps({"model": "m", "messages": [{"role": "user", "content": PLAIN + 'a "quoted" C:\\ end\\'},
+                                           {"role": "user", "content": "next"}]}),
+    json.dumps({"model": "m", "prompt": "é" + PLAIN}, ensure_ascii=False),
+    json.dumps({"model": "m", "prompt": list(range(100_000, 103_000))}),
+    json.dumps({"model": "m", "input": [PLAIN, "second"]}),
+])
+@pytest.mark.parametrize("prefix_chunks", [1, 4, 16])
+def test_the_span_of_a_long_prompt_is_read_from_its_head(body: str, prefix_chunks: int) -> None:
+    """The shapes clients send: the head alone shows the span (no whole decode), and it is the whole prompt's."""
+    request = decode_request(body.encode(), raw_from=0)
+    found = exact_head_parts(request, head_sizes(prefix_chunks)[0])
+    assert found is not None
+    parts, exact = found
+    assert exact >= prefix_units(parts.ids is not None, prefix_chunks)
+    assert request_span(request, prefix_chunks, head_from=0) == whole_span(body.encode(), prefix_chunks)
+
+
+AFTER_CUT = [
+    # a repeated content key: the engine reads the second one
+    chat_text([("role", "user"), ("content", "a" * 9000), ("content", "b" * 9000)]),
+    # the role after a long content: the canonical text puts it first
+    chat_text([("content", "a" * 9000), ("role", "assistant")]),
+    # a content part after a long one, then a repeated content key
+    chat_text([("role", "user"), ("content", [{"type": "text", "text": "a" * 9000}, {"text": "c"}]),
+               ("content", "b" * 9000)]),
+    # a part's repeated text key
+    ('{"messages": [{"role": "user", "content": [' + object_text([("type", "text"), ("text", "a" * 9000),
+                                                               ("text", "b")]) + "]}]}").encode(),
+    # more escaped quotes after the cut than the check reads: then a repeated key
+    chat_text([("role", "user"), ("content", "a" * 2000 + '"' * 100 + "a" * 5000), ("content", "b" * 9000)]),
+]
+
+
+@pytest.mark.parametrize("body", AFTER_CUT)
+@pytest.mark.parametrize("prefix_chunks", [1, 4])
+def test_what_follows_the_cut_in_an_open_object_sends_the_span_to_the_whole_decode(
+    body: bytes, prefix_chunks: int
+) -> None:
+    request = decode_request(body, raw_from=0)
+    assert exact_head_parts(request, head_sizes(prefix_chunks)[0]) is None  # it cuts the first long value
+    assert request_span(request, prefix_chunks, head_from=0) == whole_span(body, prefix_chunks)
+
+
+@pytest.mark.parametrize("pad", range(2860, 3000, 3))
+def test_a_cut_in_a_role_written_after_the_content_ends_the_exact_span_at_the_cut(pad: int) -> None:
+    """The second message's role comes after its content and is long, so at some pads the first head cuts it a
+    few characters in: the canonical text then puts the cut role before a content that is whole, and only the
+    text before the cut is the whole prompt's."""
+    body = chat_text([("role", "user"), ("content", "c" * 50)], [("content", "d" * pad), ("role", "r" * 6000)])
+    request = decode_request(body, raw_from=0)
+    assert request_span(request, 4, head_from=0) == whole_span(body, 4)
+
+
+@pytest.mark.parametrize("ending", ["\\", "\\\\", 'x\\"', '\\"\\\\', "\\" * 70])
+def test_backslashes_before_the_closing_quote_are_read_as_json_reads_them(ending: str) -> None:
+    body = chat_text([("role", "user"), ("content", "a" * 9000 + ending)], [("role", "user"), ("content", "q")])
+    repeated = chat_text([("role", "user"), ("content", "a" * 9000 + ending), ("content", "b" * 9000)])
+    for raw in (body, repeated):
+        assert request_span(decode_request(raw, raw_from=0), 4, head_from=0) == whole_span(raw, 4)
+
+
+MEMBER_TEXT = st.text(alphabet=st.sampled_from(["a", "b", " ", '"', "\\", "é", "😀", "\n", "\uffff"]), max_size=3000)
+MEMBERS = st.lists(
+    st.tuples(st.sampled_from(["role", "content", "name", "text", "type"]),
+              MEMBER_TEXT | st.lists(st.dictionaries(st.sampled_from(["type", "text"]), MEMBER_TEXT), max_size=3)),
+    max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages=st.lists(MEMBERS, min_size=1, max_size=4), cut=st.floats(min_value=0.0, max_value=1.0))
+def test_an_exact_head_reads_the_start_of_the_whole_prompt(
+    messages: list[list[tuple[str, object]]], cut: float
+) -> None:
+    """Any member order, repeated keys, quotes and backslashes, the mark's own character in the text: wherever the
+    cut falls, the canonical text of an exact head up to its mark starts the whole prompt's."""
+    body = chat_text(*messages)
+    request = decode_request(body, raw_from=0)
+    found = exact_head_parts(request, int(cut * len(request["messages"])))
+    whole = canonical_parts(msgspec.json.decode(body))
+    if found is None or whole is None:
+        return
+    parts, exact = found
+    assert str(whole.whole()).startswith(str(parts.head(exact)))

@@ -1,7 +1,9 @@
 """Prompt-size benchmark: what a larger request body costs the gateway, for 1k to 128k-token prompts.
 
-Four measurements, for chat and completions bodies of 1k, 8k, 32k and 128k tokens (about 5 bytes per token, as a
-tokenizer sees English words); the first, second and fourth by default, the third alone with `--compare`:
+Four measurements, for bodies of 1k, 8k, 32k and 128k tokens (about 5 bytes per token, as a tokenizer sees English
+words) on three routes: `chat` (a system message and one long user message), `chat-turns` (the same tokens as a
+conversation of 100 messages) and `completions`; the first, second and fourth by default, the third alone with
+`--compare`:
 
 * **Served.** One `kvgate serve` (every feature on, info logging) in front of the fast upstream, requests sent one
   at a time (streaming, as clients do). Per size: the gateway's own `x-kvgate-overhead-ms` header (from the app's
@@ -24,7 +26,7 @@ tokenizer sees English words); the first, second and fourth by default, the thir
   request, so this focused figure stands for it.
 
     .venv/bin/python -m loadtests.prompt_size --out /tmp/prompt-size.json [--requests 60] \
-        [--routes chat completions] [--tokens 1000 8000 32000 128000] [--compare [--router-binary PATH]]
+        [--routes chat chat-turns completions] [--tokens 1000 8000 32000 128000] [--compare [--router-binary PATH]]
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ from loadtests.loadgen import Target
 from loadtests.overhead_report import DIRECT
 
 TOKEN_SIZES = (1_000, 8_000, 32_000, 128_000)
+ROUTE_CHOICES = ("chat", "chat-turns", "completions")
+CONVERSATION_TURNS = 100  # chat-turns: a long conversation rather than one long message
 # The fast upstream's first event in the comparison: short, so its timer adds little spread to the TTFT that
 # every target shares (the served measurement reads the gateway's own header and does not depend on it).
 COMPARE_TTFT_MS = 1.0
@@ -95,15 +99,23 @@ def request_body(route: str, tokens: int) -> bytes:
     if route == "chat":
         body["messages"] = [{"role": "system", "content": "You answer briefly."},
                             {"role": "user", "content": prompt_text(tokens)}]
+    elif route == "chat-turns":  # a conversation: the same tokens in CONVERSATION_TURNS messages
+        turn = max(1, tokens // CONVERSATION_TURNS)
+        body["messages"] = [{"role": "user" if index % 2 == 0 else "assistant", "content": prompt_text(turn)}
+                            for index in range(CONVERSATION_TURNS)]
     else:
         body["prompt"] = prompt_text(tokens)
     return json.dumps(body).encode()
 
 
+def route_path(route: str) -> str:
+    return bench.ROUTE_PATHS["chat" if route == "chat-turns" else route]
+
+
 def run_body_path(route: str, body: bytes) -> bytes:
     """What the proxy does with a body it holds: the shape check, the rewrite (one validating pass), the encoding."""
     check_json_shape(body, DEFAULT_JSON_LIMITS)
-    return rewrite_request(body, ROUTES[bench.ROUTE_PATHS[route]], BENCH_TENANT, SALTS, None).body
+    return rewrite_request(body, ROUTES[route_path(route)], BENCH_TENANT, SALTS, None).body
 
 
 def body_path_ms(route: str, body: bytes, repeats: int = 7, number: int = 10) -> float:
@@ -113,7 +125,7 @@ def body_path_ms(route: str, body: bytes, repeats: int = 7, number: int = 10) ->
 
 def body_path_peak(route: str, body: bytes) -> int:
     """Peak bytes allocated while one body goes from the client's chunks to the bytes sent upstream."""
-    spec = ROUTES[bench.ROUTE_PATHS[route]]
+    spec = ROUTES[route_path(route)]
     chunks = [body[start:start + 65536] for start in range(0, len(body), 65536)]  # as uvicorn hands them over
     tracemalloc.start()
     try:
@@ -174,14 +186,14 @@ def measure(config: bench.Config, requests: int, routes: Sequence[str], sizes: S
             for route in routes:
                 for tokens in sizes:
                     body = request_body(route, tokens)
-                    url = gateway.url + bench.ROUTE_PATHS[route]
+                    url = gateway.url + route_path(route)
                     run = uvloop.run(served(url, key, body, requests, gateway.popen.pid))
                     result = SizeResult(route, tokens, len(body), statistics.median(run.overheads_ms),
                                         statistics.quantiles(run.overheads_ms, n=10)[-1], run.cpu_ms_per_request,
                                         run.faults_per_request, body_path_ms(route, body),
                                         body_path_peak(route, body))
                     results.append(result)
-                    print(f"  {route:<11} {tokens:>7} tokens {len(body) / 1024:8.1f} KiB  overhead p50 "
+                    print(f"  {route:<12} {tokens:>7} tokens {len(body) / 1024:8.1f} KiB  overhead p50 "
                           f"{result.overhead_p50_ms:6.3f} ms  p90 {result.overhead_p90_ms:6.3f} ms  CPU/req "
                           f"{result.cpu_ms_per_request:6.3f} ms  faults/req {result.faults_per_request:5.1f}  "
                           f"body path {result.body_path_ms:6.3f} ms  peak {result.peak_over_body:4.2f}x body",
@@ -210,7 +222,7 @@ def compare(config: bench.Config, requests: int, routes: Sequence[str], sizes: S
             bench.servers(config, Path(tmp)) as (upstream, proxies, key):
         for route in routes:
             for tokens in sizes:
-                body, path = request_body(route, tokens), bench.ROUTE_PATHS[route]
+                body, path = request_body(route, tokens), route_path(route)
                 plain = {"content-type": "application/json"}
                 targets = [Target(DIRECT, upstream.url + path, plain, body)] + [
                     Target(name, proxy.url + path, {**plain, "authorization": f"Bearer {key}"}, body)
@@ -220,7 +232,7 @@ def compare(config: bench.Config, requests: int, routes: Sequence[str], sizes: S
                 row = Compared(route, tokens, ttft, {name: ttft[name] - ttft[DIRECT] for name in proxies})
                 rows.append(row)
                 added = "  ".join(f"{name} {value:+.3f}" for name, value in row.added_p50_ms.items())
-                print(f"  {route:<11} {tokens:>7} tokens  direct TTFT p50 {ttft[DIRECT]:.3f} ms  added: {added} ms",
+                print(f"  {route:<12} {tokens:>7} tokens  direct TTFT p50 {ttft[DIRECT]:.3f} ms  added: {added} ms",
                       file=sys.stderr, flush=True)
     return rows
 
@@ -258,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--requests", type=int, default=60,
                         help="measured requests per size and route (CPU is read in 10 ms ticks: more is finer)")
-    parser.add_argument("--routes", nargs="+", choices=("chat", "completions"), default=["chat", "completions"])
+    parser.add_argument("--routes", nargs="+", choices=ROUTE_CHOICES, default=list(ROUTE_CHOICES))
     parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKEN_SIZES),
                         help="prompt sizes; 'above smallest' compares each with the smallest measured")
     parser.add_argument("--proxy-core", type=int, default=1)

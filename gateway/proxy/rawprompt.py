@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from gateway.errors import BadRequest
-from gateway.proxy.shape import NOT_STRUCTURE
+from gateway.proxy.shape import json_skeleton
 
 PROMPT_FIELDS = ("messages", "prompt", "input")
 RAW_PROMPT_BYTES = 8 * 1024
@@ -220,14 +220,9 @@ def _head_to_last_comma(head: bytes) -> _Repaired | None:
 
 
 def _cut_state(head: bytes) -> tuple[bool, bytes]:
-    """Whether a JSON prefix ends inside a string, and its brackets and commas outside strings (the method of
-    gateway.proxy.shape.structure_outside_strings: escaped backslashes, then escaped quotes, are removed)."""
-    if head.find(b"\\\\") >= 0:  # not `in`: see EVENT_END in gateway/proxy/sse.py
-        head = head.replace(b"\\\\", b"")
-    if head.find(b'\\"') >= 0:
-        head = head.replace(b'\\"', b"")
-    pieces = head.translate(None, NOT_STRUCTURE).split(b'"')
-    return len(pieces) % 2 == 0, b"".join(pieces[::2])
+    """Whether a JSON prefix ends inside a string, and its brackets and commas outside strings."""
+    skeleton, inside = json_skeleton(head)
+    return inside, skeleton
 
 
 def _closers(skeleton: bytes) -> bytes | None:

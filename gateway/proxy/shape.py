@@ -18,6 +18,12 @@ USER_MAX_BYTES = 256
 EMPTY_PAIR = re.compile(rb"\{\}|\[\]")
 STRUCTURE = frozenset(b'{}[],"')
 NOT_STRUCTURE = bytes(byte for byte in range(256) if byte not in STRUCTURE)
+BACKSLASH = ord("\\")
+# json_skeleton's choice (2-core box, 550 KiB bodies): the quote walk costs about 0.7 µs a quote, the replacing pass
+# about 0.85 ns a byte of text without a backslash and 4 ns with one; counting the quotes to choose costs 0.3 ns a byte.
+PLAIN_BYTES_PER_QUOTE = 800
+ESCAPED_BYTES_PER_QUOTE = 180
+MAX_WALKED_BACKSLASHES = 64
 
 
 @dataclass(frozen=True)
@@ -62,18 +68,63 @@ def count_up_to(body: bytes, byte: bytes, limit: int) -> int:
 
 
 def structure_outside_strings(body: bytes) -> bytes:
-    """The brackets and commas of a JSON text that lie outside its strings, in order.
+    """The brackets and commas of a JSON text that lie outside its strings, in order."""
+    return json_skeleton(body)[0]
 
-    Escaped backslashes are removed first (in pairs, left to right, as a JSON parser reads them), then
-    escaped quotes; every quote left opens or closes a string. One C pass then keeps only brackets, commas
-    and quotes, and the even pieces between quotes are outside strings. (A regex that skips strings costs
-    about twenty times as much in CPython.)
+
+def json_skeleton(text: bytes) -> tuple[bytes, bool]:
+    """The brackets and commas of a JSON text (or of its start) that lie outside its strings, in order, and whether
+    the text ends inside a string.
+
+    Two ways, each run in C as far as CPython allows (a regex that skips strings costs about twenty times as
+    much), chosen by what they would cost this text:
+    - the quote walk jumps from quote to quote (memchr; a quote after an odd run of backslashes is escaped), then
+      keeps the brackets and commas of the pieces between strings: its cost grows with the quotes;
+    - the replacing pass removes escaped backslashes and escaped quotes, then keeps brackets, commas and quotes of
+      the whole text: its cost grows with the length, four times faster when the text holds a backslash.
     """
-    if body.find(b"\\\\") >= 0:  # not `in`: see EVENT_END in gateway/proxy/sse.py
-        body = body.replace(b"\\\\", b"")
-    if body.find(b'\\"') >= 0:
-        body = body.replace(b'\\"', b"")
-    return b"".join(body.translate(None, NOT_STRUCTURE).split(b'"')[::2])
+    escapes = text.find(b"\\") >= 0
+    quotes = text.count(b'"')
+    if quotes * (ESCAPED_BYTES_PER_QUOTE if escapes else PLAIN_BYTES_PER_QUOTE) > len(text):
+        return _skeleton_by_replacing(text, escapes)
+    positions = _string_quotes(text)
+    if positions is None:
+        return _skeleton_by_replacing(text, escapes)
+    starts = [0, *(quote + 1 for quote in positions[1::2])]
+    ends = [*positions[0::2], len(text)][: len(starts)]  # after an opening quote with no closing one: inside
+    outside = b"".join(text[start:end] for start, end in zip(starts, ends, strict=True))
+    return outside.translate(None, NOT_STRUCTURE), len(positions) % 2 == 1
+
+
+def _string_quotes(text: bytes) -> list[int] | None:
+    """The positions of the quotes that open and close strings; None at a run of more than MAX_WALKED_BACKSLASHES
+    backslashes before a quote (each is looked at in Python)."""
+    positions: list[int] = []
+    at = text.find(b'"')
+    while at >= 0:
+        backslashes = 0
+        while at > backslashes and text[at - 1 - backslashes] == BACKSLASH:
+            backslashes += 1
+            if backslashes > MAX_WALKED_BACKSLASHES:
+                return None
+        if backslashes % 2 == 0:
+            positions.append(at)
+        at = text.find(b'"', at + 1)
+    return positions
+
+
+def _skeleton_by_replacing(text: bytes, escapes: bool) -> tuple[bytes, bool]:
+    """json_skeleton by removing escapes: escaped backslashes first (in pairs, left to right, as a JSON parser
+    reads them), then escaped quotes; every quote left opens or closes a string, and one C pass keeps only
+    brackets, commas and quotes, whose even pieces lie outside strings. (A `find` or `replace` of a two-byte
+    needle costs about 1 ns a byte, so a text without a backslash skips them.)"""
+    if escapes:
+        if text.find(b"\\\\") >= 0:  # not `in`: see EVENT_END in gateway/proxy/sse.py
+            text = text.replace(b"\\\\", b"")
+        if text.find(b'\\"') >= 0:
+            text = text.replace(b'\\"', b"")
+    pieces = text.translate(None, NOT_STRUCTURE).split(b'"')
+    return b"".join(pieces[::2]), len(pieces) % 2 == 0
 
 
 def json_depth_exceeds(brackets: bytes, max_depth: int) -> bool:

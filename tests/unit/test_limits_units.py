@@ -8,11 +8,19 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.errors import BadRequest
 from gateway.limits.rate import LocalRateLimiter
 from gateway.policy.loader import PolicyLoadError, load_policy_set
-from gateway.proxy.shape import JsonLimits, check_json_shape, structure_outside_strings
+from gateway.proxy.shape import (
+    JsonLimits,
+    _skeleton_by_replacing,
+    check_json_shape,
+    json_skeleton,
+    structure_outside_strings,
+)
 
 REPO_POLICIES = Path(__file__).resolve().parents[2] / "policies"
 
@@ -58,6 +66,31 @@ def test_gcra_admits_the_budget_then_one_per_interval() -> None:
 def test_structure_ignores_strings_and_escapes() -> None:
     body = json.dumps({"a": 'x\\"[[[{\\\\', "b\\": ["\"]", 1]}).encode()
     assert structure_outside_strings(body) == b"{,[,]}"
+
+
+SKELETON_TEXT = st.text(alphabet=st.sampled_from(['"', "\\", "[", "{", ",", "a", "é", "\n"]), max_size=40)
+SKELETON_VALUES = st.recursive(
+    st.none() | st.integers() | SKELETON_TEXT,
+    lambda children: st.lists(children, max_size=6) | st.dictionaries(SKELETON_TEXT, children, max_size=4),
+    max_leaves=30)
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=SKELETON_VALUES, ascii_only=st.booleans(), indent=st.sampled_from([None, 1]),
+       cut=st.floats(min_value=0.0, max_value=1.0))
+def test_the_quote_walk_reads_the_structure_as_the_replacing_pass_does(
+    value: object, ascii_only: bool, indent: int | None, cut: float
+) -> None:
+    """Both ways of finding the structure outside strings agree on whole texts and on every cut of them (where a
+    cut text ends inside a string or not); the walk is taken for texts with few quotes, the pass for the rest."""
+    text = json.dumps(value, ensure_ascii=ascii_only, indent=indent).encode()
+    for piece in (text, text[: int(cut * len(text))]):
+        assert json_skeleton(piece) == _skeleton_by_replacing(piece, escapes=True)
+
+
+def test_many_quotes_take_the_replacing_pass_and_read_the_same() -> None:
+    body = json.dumps({"messages": [{"role": "user", "content": 'say "' * 5000}] * 3}).encode()
+    assert structure_outside_strings(body) == b"{[{,},{,},{,}]}"
 
 
 @pytest.mark.parametrize(("depth", "refused"), [(64, False), (65, True), (5000, True)])

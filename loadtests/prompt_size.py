@@ -264,6 +264,19 @@ def table(results: Sequence[SizeResult]) -> str:
     return "\n".join(lines)
 
 
+def body_path_rounds(routes: Sequence[str], sizes: Sequence[int], rounds: int) -> dict[str, list[float]]:
+    """The body path's time (ms) per route and size, `rounds` times each, rounds interleaved over the bodies."""
+    bodies = {f"{route} {tokens}": (route, request_body(route, tokens)) for route in routes for tokens in sizes}
+    timed: dict[str, list[float]] = {name: [] for name in bodies}
+    for _ in range(rounds):
+        for name, (route, body) in bodies.items():
+            timed[name].append(round(body_path_ms(route, body), 4))
+    for name, values in timed.items():
+        print(f"  {name:<20} body path median {statistics.median(values):.3f} ms  min {min(values):.3f} ms",
+              file=sys.stderr, flush=True)
+    return timed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtests.prompt_size", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -279,6 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="instead: the TTFT each proxy adds against direct, with nginx and vllm-router where "
                         "installed (--router-binary, else .venv-bench/bin, then PATH)")
     parser.add_argument("--router-binary")
+    parser.add_argument("--body-path-only", action="store_true",
+                        help="instead: only the body path's time in process, per route and size, `--requests` "
+                        "rounds of best-of-7 (no server; a quick A/B of two trees)")
     args = parser.parse_args(argv)
     references = ["--router-binary", args.router_binary] if args.router_binary else []
     compared = ["--ttft-ms", str(COMPARE_TTFT_MS), *references] if args.compare else ["--no-nginx", "--no-router"]
@@ -287,6 +303,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.check_cores(config)
     os.sched_setaffinity(0, {config.bench_core})
     machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if args.body_path_only:
+        timed = body_path_rounds(args.routes, sorted(args.tokens), args.requests)
+        args.out.write_text(json.dumps({"machine": machine, "body_path_ms": timed}, indent=2) + "\n")
+        print(f"wrote {args.out}")
+        return 0
     if args.compare:
         rows = compare(config, args.requests, args.routes, sorted(args.tokens))
         print(compare_table(rows))

@@ -19,11 +19,8 @@ EMPTY_PAIR = re.compile(rb"\{\}|\[\]")
 STRUCTURE = frozenset(b'{}[],"')
 NOT_STRUCTURE = bytes(byte for byte in range(256) if byte not in STRUCTURE)
 BACKSLASH = ord("\\")
-# json_skeleton's choice (2-core box, 550 KiB bodies): the quote walk costs about 0.7 µs a quote, the replacing pass
-# about 0.85 ns a byte of text without a backslash and 4 ns with one; counting the quotes to choose costs 0.3 ns a byte.
-PLAIN_BYTES_PER_QUOTE = 800
-ESCAPED_BYTES_PER_QUOTE = 180
-MAX_WALKED_BACKSLASHES = 64
+# json_skeleton walks the quotes of a text with escapes while it holds at most one quote in this many bytes.
+QUOTE_WALK_BYTES = 200
 
 
 @dataclass(frozen=True)
@@ -37,8 +34,10 @@ def check_json_shape(body: bytes, limits: JsonLimits) -> None:
     openers = count_up_to(body, b"{", limits.max_depth + 1) + count_up_to(body, b"[", limits.max_depth + 1)
     # Values are counted as openers plus commas, so a body of at most `max_items` bytes cannot hold too many:
     # its commas need not be counted (bytes.count reads every byte; the opener counts above are memchr jumps).
-    few_values = len(body) <= limits.max_items or openers + comma_count(body) <= limits.max_items
-    if openers <= limits.max_depth and few_values:
+    # Past max_depth openers the skeleton below counts the values anyway, so the commas are not counted twice.
+    if openers <= limits.max_depth and (
+        len(body) <= limits.max_items or openers + comma_count(body) <= limits.max_items
+    ):
         return  # even counting brackets inside strings, neither bound can be reached
     skeleton = structure_outside_strings(body)
     closers = skeleton.count(b"}") + skeleton.count(b"]")
@@ -76,53 +75,56 @@ def json_skeleton(text: bytes) -> tuple[bytes, bool]:
     """The brackets and commas of a JSON text (or of its start) that lie outside its strings, in order, and whether
     the text ends inside a string.
 
-    Two ways, each run in C as far as CPython allows (a regex that skips strings costs about twenty times as
-    much), chosen by what they would cost this text:
-    - the quote walk jumps from quote to quote (memchr; a quote after an odd run of backslashes is escaped), then
-      keeps the brackets and commas of the pieces between strings: its cost grows with the quotes;
-    - the replacing pass removes escaped backslashes and escaped quotes, then keeps brackets, commas and quotes of
-      the whole text: its cost grows with the length, four times faster when the text holds a backslash.
+    Each way runs in C as far as CPython allows (a regex that skips strings costs about twenty times as much):
+    - a text without a backslash has no escapes: one pass keeps its brackets, commas and quotes, and the pieces
+      between every other quote lie outside strings;
+    - a text with one walks from quote to quote (memchr; a quote after an odd run of backslashes is escaped) and
+      keeps the brackets and commas of the pieces between strings. Past one quote in QUOTE_WALK_BYTES it gives
+      up for the pass below, which removes the escaped backslashes and quotes first: each of its searches for a
+      two-byte needle reads every byte (0.3-1 ns a byte, by machine), the walk costs 0.3-0.6 µs a quote.
     """
-    escapes = text.find(b"\\") >= 0
-    quotes = text.count(b'"')
-    if quotes * (ESCAPED_BYTES_PER_QUOTE if escapes else PLAIN_BYTES_PER_QUOTE) > len(text):
-        return _skeleton_by_replacing(text, escapes)
-    positions = _string_quotes(text)
+    if text.find(b"\\") < 0:  # memchr
+        return _skeleton_without_escapes(text)
+    positions = _string_quotes(text, len(text) // QUOTE_WALK_BYTES + 16)
     if positions is None:
-        return _skeleton_by_replacing(text, escapes)
+        return _skeleton_without_escapes(_escapes_removed(text))
     starts = [0, *(quote + 1 for quote in positions[1::2])]
     ends = [*positions[0::2], len(text)][: len(starts)]  # after an opening quote with no closing one: inside
     outside = b"".join(text[start:end] for start, end in zip(starts, ends, strict=True))
     return outside.translate(None, NOT_STRUCTURE), len(positions) % 2 == 1
 
 
-def _string_quotes(text: bytes) -> list[int] | None:
-    """The positions of the quotes that open and close strings; None at a run of more than MAX_WALKED_BACKSLASHES
-    backslashes before a quote (each is looked at in Python)."""
+def _string_quotes(text: bytes, budget: int) -> list[int] | None:
+    """The positions of the quotes that open and close strings; None once more than `budget` quotes and
+    backslashes before them have been looked at (each is a step in Python)."""
     positions: list[int] = []
+    looked = 0
     at = text.find(b'"')
     while at >= 0:
         backslashes = 0
         while at > backslashes and text[at - 1 - backslashes] == BACKSLASH:
             backslashes += 1
-            if backslashes > MAX_WALKED_BACKSLASHES:
-                return None
+        looked += 1 + backslashes
+        if looked > budget:
+            return None
         if backslashes % 2 == 0:
             positions.append(at)
         at = text.find(b'"', at + 1)
     return positions
 
 
-def _skeleton_by_replacing(text: bytes, escapes: bool) -> tuple[bytes, bool]:
-    """json_skeleton by removing escapes: escaped backslashes first (in pairs, left to right, as a JSON parser
-    reads them), then escaped quotes; every quote left opens or closes a string, and one C pass keeps only
-    brackets, commas and quotes, whose even pieces lie outside strings. (A `find` or `replace` of a two-byte
-    needle costs about 1 ns a byte, so a text without a backslash skips them.)"""
-    if escapes:
-        if text.find(b"\\\\") >= 0:  # not `in`: see EVENT_END in gateway/proxy/sse.py
-            text = text.replace(b"\\\\", b"")
-        if text.find(b'\\"') >= 0:
-            text = text.replace(b'\\"', b"")
+def _escapes_removed(text: bytes) -> bytes:
+    """The text without its escaped backslashes (in pairs, left to right, as a JSON parser reads them), then
+    without its escaped quotes: every quote left opens or closes a string."""
+    if text.find(b"\\\\") >= 0:  # not `in`: see EVENT_END in gateway/proxy/sse.py
+        text = text.replace(b"\\\\", b"")
+    if text.find(b'\\"') >= 0:
+        text = text.replace(b'\\"', b"")
+    return text
+
+
+def _skeleton_without_escapes(text: bytes) -> tuple[bytes, bool]:
+    """json_skeleton of a text in which every quote opens or closes a string."""
     pieces = text.translate(None, NOT_STRUCTURE).split(b'"')
     return b"".join(pieces[::2]), len(pieces) % 2 == 0
 

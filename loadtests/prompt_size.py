@@ -2,8 +2,8 @@
 
 Four measurements, for bodies of 1k, 8k, 32k and 128k tokens (about 5 bytes per token, as a tokenizer sees English
 words) on three routes: `chat` (a system message and one long user message), `chat-turns` (the same tokens as a
-conversation of 100 messages) and `completions`; the first, second and fourth by default, the third alone with
-`--compare`:
+conversation of 100 messages, in lines of twelve words) and `completions`; the first, second and fourth by
+default, the third alone with `--compare`:
 
 * **Served.** One `kvgate serve` (every feature on, info logging) in front of the fast upstream, requests sent one
   at a time (streaming, as clients do). Per size: the gateway's own `x-kvgate-overhead-ms` header (from the app's
@@ -93,15 +93,22 @@ def prompt_text(tokens: int) -> str:
     return " ".join(WORDS[index % len(WORDS)] for index in range(tokens))
 
 
+def lines_text(tokens: int) -> str:
+    """prompt_text in lines of twelve words, as a conversation's messages are written (each line end is a `\\n`
+    escape in the JSON text, so the body holds backslashes)."""
+    words = prompt_text(tokens).split(" ")
+    return "\n".join(" ".join(words[start:start + 12]) for start in range(0, len(words), 12))
+
+
 def request_body(route: str, tokens: int) -> bytes:
     body: dict[str, Any] = {"model": "m", "max_tokens": 8, "stream": True, "temperature": 0,
                             "stream_options": {"include_usage": True}}
     if route == "chat":
         body["messages"] = [{"role": "system", "content": "You answer briefly."},
                             {"role": "user", "content": prompt_text(tokens)}]
-    elif route == "chat-turns":  # a conversation: the same tokens in CONVERSATION_TURNS messages
+    elif route == "chat-turns":  # a conversation: the same tokens in CONVERSATION_TURNS messages of several lines
         turn = max(1, tokens // CONVERSATION_TURNS)
-        body["messages"] = [{"role": "user" if index % 2 == 0 else "assistant", "content": prompt_text(turn)}
+        body["messages"] = [{"role": "user" if index % 2 == 0 else "assistant", "content": lines_text(turn)}
                             for index in range(CONVERSATION_TURNS)]
     else:
         body["prompt"] = prompt_text(tokens)

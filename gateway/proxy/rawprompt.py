@@ -190,7 +190,7 @@ def _string_end(view: memoryview, start: int) -> int:
         while found >= 0:
             quote = window_start + found
             backslashes = 0
-            while view[quote - 1 - backslashes] == BACKSLASH:
+            while quote > backslashes and view[quote - 1 - backslashes] == BACKSLASH:
                 backslashes += 1
                 if backslashes > QUOTE_BUDGET:
                     return -1

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from gateway.errors import BadRequest
-from gateway.proxy.shape import json_skeleton
+from gateway.proxy.shape import backslashes_before, json_skeleton
 
 PROMPT_FIELDS = ("messages", "prompt", "input")
 RAW_PROMPT_BYTES = 8 * 1024
@@ -47,7 +47,6 @@ SCAN_WINDOW = 64 * 1024
 QUOTE_BUDGET = 64
 AFTER_CUT_BYTES = 256
 JSON_SPACE = frozenset(b" \t\r\n")
-BACKSLASH = ord("\\")
 
 RawFields = dict[str, msgspec.Raw]
 
@@ -189,11 +188,9 @@ def _string_end(view: memoryview, start: int) -> int:
         found = window.find(b'"')
         while found >= 0:
             quote = window_start + found
-            backslashes = 0
-            while quote > backslashes and view[quote - 1 - backslashes] == BACKSLASH:
-                backslashes += 1
-                if backslashes > QUOTE_BUDGET:
-                    return -1
+            backslashes = backslashes_before(view, quote, QUOTE_BUDGET)
+            if backslashes > QUOTE_BUDGET:
+                return -1
             if backslashes % 2 == 0:
                 return quote
             escaped += 1

@@ -107,9 +107,7 @@ def _string_quotes(text: bytes, budget: int) -> list[int] | None:
     looked = 0
     at = text.find(b'"')
     while at >= 0:
-        backslashes = 0
-        while at > backslashes and text[at - 1 - backslashes] == BACKSLASH:
-            backslashes += 1
+        backslashes = backslashes_before(text, at, budget - looked)
         looked += 1 + backslashes
         if looked > budget:
             return None
@@ -117,6 +115,15 @@ def _string_quotes(text: bytes, budget: int) -> list[int] | None:
             positions.append(at)
         at = text.find(b'"', at + 1)
     return positions
+
+
+def backslashes_before(data: bytes | memoryview, at: int, limit: int) -> int:
+    """How many backslashes stand right before position `at` (an odd number escapes what is there), counted up to
+    `limit` + 1: a longer run reads as limit + 1, so a caller that gives up past `limit` never walks all of it."""
+    count = 0
+    while count <= limit and at > count and data[at - 1 - count] == BACKSLASH:
+        count += 1
+    return count
 
 
 def _escapes_removed(text: bytes) -> bytes:

@@ -18,8 +18,6 @@ from gateway.proxy.record import SHADOW_REPLY_MAX_BYTES
 from gateway.proxy.sse import StreamWatch
 from gateway.proxy.upstream import AnswerTooLarge, UpstreamClient
 
-MAX_BODY_BYTES = SHADOW_REPLY_MAX_BYTES  # a shadow answer larger than this is abandoned, not buffered
-
 
 @dataclass(frozen=True)
 class ShadowAnswer:
@@ -55,7 +53,7 @@ class AnswerCollector:
 class ShadowClient:
     """`post` sends one request on the shadow's own `UpstreamClient` and returns the complete answer."""
 
-    def __init__(self, upstream: UpstreamClient, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, upstream: UpstreamClient, max_body_bytes: int = SHADOW_REPLY_MAX_BYTES) -> None:
         self.upstream = upstream
         self.max_body_bytes = max_body_bytes
 

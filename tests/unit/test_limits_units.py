@@ -18,6 +18,7 @@ from gateway.proxy.shape import (
     JsonLimits,
     _escapes_removed,
     _skeleton_without_escapes,
+    backslashes_before,
     check_json_shape,
     json_skeleton,
     structure_outside_strings,
@@ -92,6 +93,16 @@ def test_the_quote_walk_reads_the_structure_as_the_replacing_pass_does(
 def test_many_quotes_take_the_replacing_pass_and_read_the_same() -> None:
     body = json.dumps({"messages": [{"role": "user", "content": 'say "' * 5000}] * 3}).encode()
     assert structure_outside_strings(body) == b"{[{,},{,},{,}]}"
+
+
+def test_a_long_run_of_backslashes_is_counted_only_up_to_the_callers_limit() -> None:
+    """The quote walk gives up past its budget; a run of backslashes inside one string must not be walked whole
+    first (a body of megabytes of backslashes before one quote)."""
+    run = b'["' + b"\\" * 400_000 + b'"]'
+    assert backslashes_before(run, len(run) - 2, 10) == 11
+    assert backslashes_before(run, len(run) - 2, 10**9) == 400_000
+    assert backslashes_before(b'"a"', 2, 5) == 0
+    assert json_skeleton(run) == (b"[]", False)
 
 
 @pytest.mark.parametrize(("depth", "refused"), [(64, False), (65, True), (5000, True)])

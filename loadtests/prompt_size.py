@@ -1,9 +1,10 @@
 """Prompt-size benchmark: what a larger request body costs the gateway, for 1k to 128k-token prompts.
 
 Four measurements, for bodies of 1k, 8k, 32k and 128k tokens (about 5 bytes per token, as a tokenizer sees English
-words) on three routes: `chat` (a system message and one long user message), `chat-turns` (the same tokens as a
-conversation of 100 messages, in lines of twelve words) and `completions`; the first, second and fourth by
-default, the third alone with `--compare`:
+words) on four routes: `chat` (a system message and one long user message), `chat-turns` (the same tokens as a
+conversation of 100 messages, in lines of twelve words), `completions`, and `completions-ids` (the prompt as a list
+of token ids, as clients that tokenize for themselves send it: about 7.6 bytes per token); the first, second and
+fourth by default, the third alone with `--compare`:
 
 * **Served.** One `kvgate serve` (every feature on, info logging) in front of the fast upstream, requests sent one
   at a time (streaming, as clients do). Per size: the gateway's own `x-kvgate-overhead-ms` header (from the app's
@@ -26,7 +27,8 @@ default, the third alone with `--compare`:
   request, so this focused figure stands for it.
 
     .venv/bin/python -m loadtests.prompt_size --out /tmp/prompt-size.json [--requests 60] \
-        [--routes chat chat-turns completions] [--tokens 1000 8000 32000 128000] [--compare [--router-binary PATH]]
+        [--routes chat chat-turns completions completions-ids] [--tokens 1000 8000 32000 128000] \
+        [--compare [--router-binary PATH]]
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ from loadtests.loadgen import Target
 from loadtests.overhead_report import DIRECT
 
 TOKEN_SIZES = (1_000, 8_000, 32_000, 128_000)
-ROUTE_CHOICES = ("chat", "chat-turns", "completions")
+ROUTE_CHOICES = ("chat", "chat-turns", "completions", "completions-ids")
+VOCABULARY = 151_936  # token ids are spread over a large tokenizer's range (Qwen's), so most take six digits
 CONVERSATION_TURNS = 100  # chat-turns: a long conversation rather than one long message
 # The fast upstream's first event in the comparison: short, so its timer adds little spread to the TTFT that
 # every target shares (the served measurement reads the gateway's own header and does not depend on it).
@@ -110,13 +113,15 @@ def request_body(route: str, tokens: int) -> bytes:
         turn = max(1, tokens // CONVERSATION_TURNS)
         body["messages"] = [{"role": "user" if index % 2 == 0 else "assistant", "content": lines_text(turn)}
                             for index in range(CONVERSATION_TURNS)]
+    elif route == "completions-ids":  # written as Python's json writes a list: ", " between the ids
+        body["prompt"] = [(index * 7_919 + 13) % VOCABULARY for index in range(tokens)]
     else:
         body["prompt"] = prompt_text(tokens)
     return json.dumps(body).encode()
 
 
 def route_path(route: str) -> str:
-    return bench.ROUTE_PATHS["chat" if route == "chat-turns" else route]
+    return bench.ROUTE_PATHS[{"chat-turns": "chat", "completions-ids": "completions"}.get(route, route)]
 
 
 def run_body_path(route: str, body: bytes) -> bytes:

@@ -89,6 +89,11 @@ def prompt_key(trace_key: bytes, prompt: str | list[int], prefix_chunks: int) ->
     return admission_key(fingerprints(trace_key, head, CHUNK_TOKENS, DEFAULT_CHARS_PER_TOKEN), prefix_chunks)
 
 
+def holds_a_chunk(prompt: str | list[int]) -> bool:
+    """Whether `prompt_key` finds a whole chunk in the prompt (else its key is None: the request is `short`)."""
+    return len(prompt) >= prefix_units(isinstance(prompt, list), 1)
+
+
 def prefix_units(token_ids: bool, prefix_chunks: int) -> int:
     """How many tokens (token-id prompts) or canonical characters (text and chat) the admission key covers."""
     return prefix_chunks * (CHUNK_TOKENS if token_ids else round(CHUNK_TOKENS * DEFAULT_CHARS_PER_TOKEN))

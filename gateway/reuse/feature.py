@@ -39,12 +39,11 @@ class AdmissionFeature(RequestFeature):
         rule = self._rule(tenant, policy)
         key = self.admission.key_for(tenant, request_span(request, rule.prefix_chunks), rule.prefix_chunks)
         result, store_failed = await self.admission.admit(tenant, key, rule)
-        self._decisions.get(tenant, result.decision).inc()
         if store_failed:
             self.metrics.offload_admission_errors.labels(tenant).inc()
         if not result.admitted:
             refuse_offload(request)
-        return _noting(result.decision)
+        return self._noting(tenant, result.decision)
 
     def _rule(self, tenant: str, policy: AdmissionPolicy) -> AdmissionRule:
         known = self._rules.get(tenant)
@@ -54,9 +53,10 @@ class AdmissionFeature(RequestFeature):
         self._rules[tenant] = (policy, rule)
         return rule
 
+    def _noting(self, tenant: str, decision: str) -> Finish:
+        # Counted when the request ends, with its log line: nothing the upstream send does not need runs before it.
+        def finish(ex: Exchange) -> None:
+            ex.admission = decision
+            self._decisions.get(tenant, decision).inc()
 
-def _noting(decision: str) -> Finish:
-    def finish(ex: Exchange) -> None:
-        ex.admission = decision
-
-    return finish
+        return finish

@@ -28,6 +28,7 @@ from gateway.reuse.admission import (
     admit_key,
     decide,
     generation,
+    holds_a_chunk,
     prompt_key,
     row_offsets,
 )
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 KEY_PREFIX = "kvgate:admission"
 REDIS_TIMEOUT_S = 0.25
+SHORT = AdmissionResult("short", 0)
 REDIS_BACKOFF_S = 2.0  # after a failure, the local sketch decides alone this long (no request waits on a dead Redis)
 
 # KEYS: current generation, previous generation. ARGV: ttl seconds, then DEPTH byte offsets.
@@ -92,7 +94,7 @@ class Admission:
         return cls(secret, storage.redis, width)
 
     def key_for(self, tenant: str, prompt: str | list[int] | None, prefix_chunks: int) -> bytes | None:
-        if prompt is None:
+        if prompt is None or not holds_a_chunk(prompt):  # no whole chunk: no key, and no keyed hash state made
             return None
         trace_key = self._trace_keys.get(tenant)
         if trace_key is None:
@@ -101,12 +103,14 @@ class Admission:
 
     async def admit(self, tenant: str, key: bytes | None, rule: AdmissionRule) -> tuple[AdmissionResult, bool]:
         """The decision for one request, and whether the shared store failed (the local sketch decided)."""
+        if key is None:  # `short`: nothing to count (the sketch is made by the first request with a key)
+            return SHORT, False
         now = time.time()
         keeper = self._keepers.get(tenant)
         if keeper is None:
             keeper = self._keepers[tenant] = Doorkeeper(self.width)
         local = admit_key(keeper, key, now, rule)
-        if self._observe is None or key is None:
+        if self._observe is None:
             return local, False
         if time.monotonic() < self._redis_retry_at:
             return local, True

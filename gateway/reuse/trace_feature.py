@@ -8,7 +8,6 @@ from typing import Any
 from gateway.log import get_logger
 from gateway.outcomes import Outcome
 from gateway.proxy.features import Call, Finish, RequestFeature
-from gateway.proxy.rawprompt import PROMPT_FIELDS
 from gateway.proxy.record import Exchange
 from gateway.reuse.fingerprint import canonical_parts
 from gateway.reuse.trace import FinishedRequest, ReuseTrace, TransferCaps
@@ -26,20 +25,20 @@ class ReuseTraceFeature(RequestFeature):
     def start(self, call: Call, request: dict[str, Any]) -> Finish | None:
         if call.route.kind is not Kind.GENERATE:
             return None
-        # References only: the prompt (a long one is still JSON text) is read once the reply has been sent.
-        prompt = {field: request[field] for field in PROMPT_FIELDS if field in request}
-        caps = transfer_caps(request)
-        return lambda ex: self._finish(call, prompt, caps, ex)
+        # A reference only: the prompt (a long one is still JSON text) and the caps are read once the reply has been
+        # sent. Nothing edits the request after this point (features that do run before this one; the body is
+        # encoded from it as it stands), and nothing the upstream send does not need runs before it.
+        return lambda ex: self._finish(call, request, ex)
 
-    def _finish(self, call: Call, prompt: dict[str, Any], caps: TransferCaps, ex: Exchange) -> None:
+    def _finish(self, call: Call, request: dict[str, Any], ex: Exchange) -> None:
         if ex.status != 200 or ex.outcome is not Outcome.OK:
             return  # not a completed cache lookup: nothing to learn from
         tenant = call.tenant
         user = call.user if tenant.cache.isolation == "user" else None  # users whose blocks are never shared
         try:
-            parts = canonical_parts(prompt)
+            parts = canonical_parts(request)
             self.trace.observe(FinishedRequest(tenant.tenant, tenant.cache.salt_epoch, call.pool_name, parts, ex.usage,
-                                               user, caps))
+                                               user, transfer_caps(request)))
         except Exception as error:  # the reply is already sent: a body the renderer cannot walk, or a trace bug,
             self._failed(call, error)  # is counted and must not touch the request's outcome
 

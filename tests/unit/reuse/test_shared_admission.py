@@ -20,8 +20,10 @@ from gateway.reuse.admission import (
     Doorkeeper,
     decide,
     generation,
+    prompt_key,
     row_offsets,
 )
+from gateway.reuse.fingerprint import tenant_trace_key
 from gateway.reuse.shared import KEY_PREFIX, Admission, rule_of
 from gateway.storage import Storage
 from tests.ledger.redis_proc import RedisProcess
@@ -91,6 +93,28 @@ def test_local_admission_counts_per_tenant_and_refuses_prompts_without_a_chunk()
         assert await admission.admit("beta", key, RETURNING) == (AdmissionResult("new", 0), False)
         assert await admission.admit("acme", None, RETURNING) == (AdmissionResult("short", 0), False)
         assert admission.memory_bytes() == 2 * (2 * DEPTH * 16)  # one sketch per tenant seen
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("prompt", [
+    list(range(63)), list(range(64)), list(range(65)), "x" * 255, "x" * 256, "é" * 255, "é" * 256, [], "",
+])
+@pytest.mark.parametrize("prefix_chunks", [1, 4])
+def test_a_prompt_is_short_exactly_when_its_key_has_no_chunk(prompt: str | list[int], prefix_chunks: int) -> None:
+    admission = Admission(SECRET, width=16)
+    trace_key = tenant_trace_key(SECRET, "acme")
+    assert (admission.key_for("acme", prompt, prefix_chunks) is None) is (prompt_key(trace_key, prompt,
+                                                                                    prefix_chunks) is None)
+    if admission.key_for("acme", prompt, prefix_chunks) is not None:
+        assert admission.key_for("acme", prompt, prefix_chunks) == prompt_key(trace_key, prompt, prefix_chunks)
+
+
+def test_a_short_request_is_decided_without_a_sketch() -> None:
+    async def run() -> None:
+        admission = Admission(SECRET, width=16)
+        assert await admission.admit("acme", None, RETURNING) == (AdmissionResult("short", 0), False)
+        assert admission.memory_bytes() == 0  # nothing to count, so nothing was allocated for it
 
     asyncio.run(run())
 

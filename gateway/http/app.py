@@ -17,7 +17,7 @@ from gateway.asgi.io import ClientDisconnected, Message, Receive, Scope, Send, s
 from gateway.errors import Forbidden, GatewayError, InternalError, MethodNotAllowed, NotFound
 from gateway.http.auth import AuthFailure, authenticate, authorize, check_path, presented_key
 from gateway.http.local import answer_locally
-from gateway.http.process import on_sighup, settle_gc
+from gateway.http.process import keep_freed_memory, on_sighup, settle_gc
 from gateway.http.request_ids import RequestIds
 from gateway.http.wiring import State, start, stop
 from gateway.http.workers import WorkerRole
@@ -77,6 +77,7 @@ class GatewayApp:
             return
         on_sighup(self.state.holder.request_reload)
         settle_gc()
+        keep_freed_memory()
         await send({"type": "lifespan.startup.complete"})
         await receive()
         on_sighup(None)

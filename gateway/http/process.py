@@ -31,13 +31,14 @@ def settle_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-# A large request body is copied three or four times on its way through (the server's buffer, the body, the bytes
-# sent upstream), each copy a fresh allocation of the body's size, freed when the request ends. glibc gives a
-# freed block above its mmap threshold, and free heap above its trim threshold, back to the kernel, so the next
-# large request faults every page of its copies in again: 150-800 page faults per 128k-token prompt, up to 1.1 ms
-# of the gateway's overhead on the shared 2-core box (loadtests/reports/perf-2026-12-03d). With these settings
-# blocks up to glibc's own mmap ceiling come from the heap, and up to RETAINED_FREE_BYTES of free heap is kept for
-# the next request: a bound on what a burst of large requests leaves resident, not a leak.
+# A large request body is copied three or four times on its way through (the server's buffer, the body, the bytes sent
+# upstream), each copy a fresh allocation of the body's size, freed when the request ends. glibc gives a freed block
+# above its mmap threshold, and free heap above its trim threshold, back to the kernel, so the next large request
+# faults the pages of its copies in again: about 330 page faults per 128k-token prompt, 1.1 ms of the gateway's
+# overhead on the shared 2-core box, when nothing else keeps the heap in use between requests (the reuse trace off;
+# loadtests/reports/perf-2026-12-03d). With these settings blocks up to glibc's own mmap ceiling come from the heap,
+# and up to RETAINED_FREE_BYTES of free heap is kept for the next request: a bound on what a burst of large requests
+# leaves resident, not a leak.
 MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 RETAINED_FREE_BYTES = 32 * 1024 * 1024
 M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h

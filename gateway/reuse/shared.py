@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 KEY_PREFIX = "kvgate:admission"
 REDIS_TIMEOUT_S = 0.25
-SHORT = AdmissionResult("short", 0)
 REDIS_BACKOFF_S = 2.0  # after a failure, the local sketch decides alone this long (no request waits on a dead Redis)
+SHORT = AdmissionResult("short", 0)  # a prompt without a whole chunk: nothing to count
 
 # KEYS: current generation, previous generation. ARGV: ttl seconds, then DEPTH byte offsets.
 # Returns the count seen before this request (sum of both generations, minimum over the rows), and raises

@@ -141,12 +141,17 @@ def prompt_chunks(prompt: str | list[int], block_size: int, chars_per_token: flo
     return _text_chunks(prompt, size, limit)
 
 
-def _chain(key: bytes, chunks: Sequence[bytes]) -> list[bytes]:
+def continued_chain(key: bytes, chunks: Sequence[bytes], previous: bytes) -> list[bytes]:
+    """The fingerprints of `chunks` continuing a chain whose last fingerprint is `previous` (b"" to start one): a
+    chain hashed in parts equals the chain hashed at once."""
+    return _chain(key, chunks, previous)
+
+
+def _chain(key: bytes, chunks: Sequence[bytes], previous: bytes = b"") -> list[bytes]:
     # A keyed BLAKE2b state is set up once and copied per chunk: the same digests as hashing each
     # `previous + chunk` with the key, without redoing the key block for every chunk.
     keyed = hashlib.blake2b(digest_size=FINGERPRINT_BYTES, key=key[:64])
     out: list[bytes] = []
-    previous = b""
     for chunk in chunks:
         state = keyed.copy()
         state.update(previous)

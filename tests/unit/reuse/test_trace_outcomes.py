@@ -20,6 +20,7 @@ from gateway.reuse.record import TraceRecord, encode_record
 from gateway.reuse.store import SqliteTraceStore
 from gateway.reuse.trace import FinishedRequest, ReuseTrace, TraceMetrics, TraceSettings, TransferCaps
 from gateway.storage import Storage
+from gateway.tasks import TaskSupervisor
 
 SECRET = b"unit-secret-of-at-least-32-bytes!!"
 GATEWAY = GatewayConfig.model_validate({"pools": {"p": {"upstreams": ["http://a"]}}, "default_pool": "p"})
@@ -157,6 +158,65 @@ def test_a_request_that_finishes_after_the_erasure_is_not_recorded_under_the_era
         assert trace.observe(finished(2, PromptParts(IDS), USAGE)) == "sampled"
         await trace.flush()
         assert [record.epoch for record in await trace.store.read("acme", None)] == [2]
+        await storage.close()
+
+    asyncio.run(run())
+
+
+LONG_IDS = list(range(3, 3 + 16 * 600))  # 600 whole blocks: more than two slices of the background hashing
+
+
+def test_a_long_chain_hashed_in_slices_is_the_chain_hashed_at_once_and_lets_the_loop_run(tmp_path: Path) -> None:
+    async def run() -> None:
+        trace, storage, _ = await new_trace(tmp_path)
+        tasks = TaskSupervisor("trace-slices-test")
+        assert trace.observe(finished(1, PromptParts(LONG_IDS), USAGE)) == "sampled"
+        hashing = tasks.spawn(trace.hash_pending(), "hash")
+        turns_while_hashing = 0
+        while not hashing.done():
+            await asyncio.sleep(0)  # the only thing this test waits on: a turn of the event loop
+            turns_while_hashing += not hashing.done()
+        await hashing
+        await trace.flush()
+        records = await trace.store.read("acme", None)
+        assert [record.chain for record in records] == [b"".join(fingerprints(KEY, LONG_IDS, 16, 4.0))]
+        assert turns_while_hashing >= 2  # 600 fingerprints: the loop ran twice before the chain was done
+        await tasks.close()
+        await storage.close()
+
+    asyncio.run(run())
+
+
+def test_a_chain_hashed_while_its_epoch_is_erased_is_not_recorded(tmp_path: Path) -> None:
+    async def run() -> None:
+        trace, storage, _ = await new_trace(tmp_path)
+        tasks = TaskSupervisor("trace-erase-test")
+        trace.observe(finished(1, PromptParts(LONG_IDS), USAGE))
+        hashing = tasks.spawn(trace.hash_pending(), "hash")
+        await asyncio.sleep(0)  # the chain's first slice is hashed, the job out of the queue
+        assert not hashing.done()
+        trace.on_policies(policy_set(epoch=2))  # `tenant forget` comes into force mid-chain
+        await hashing
+        await trace.flush()
+        assert await trace.store.read("acme", None) == []
+        await tasks.close()
+        await storage.close()
+
+    asyncio.run(run())
+
+
+def test_a_chain_stopped_mid_way_goes_back_to_the_queue_and_is_written_at_close(tmp_path: Path) -> None:
+    async def run() -> None:
+        trace, storage, _ = await new_trace(tmp_path)
+        tasks = TaskSupervisor("trace-stop-test")
+        trace.observe(finished(1, PromptParts(LONG_IDS), USAGE))
+        hashing = tasks.spawn(trace.hash_pending(), "hash")
+        await asyncio.sleep(0)
+        assert not hashing.done()
+        await tasks.close()  # the writer is cancelled at a yield, as at shutdown
+        await trace.close()
+        records = await trace.store.read("acme", None)
+        assert [record.chain for record in records] == [b"".join(fingerprints(KEY, LONG_IDS, 16, 4.0))]
         await storage.close()
 
     asyncio.run(run())

@@ -2,10 +2,10 @@
 
 Split in two so the request path stays cheap (loadtests/reuse_trace_cost.py measures it):
 
-- `observe` runs at the end of a request, on the request path (called by gateway/reuse/feature.py with the
-  prompt's parts, references taken when the request started): it hashes only the *first* chunk, asks the
-  tenant's SHARDS sampler whether that root is sampled, and queues the request. Everything it could refuse is counted in
-  `kvgate_reuse_trace_requests_total{tenant,outcome}`.
+- `observe` runs at the end of a request, on the request path (called by gateway/reuse/trace_feature.py once the
+  reply has been sent, with the parts of the prompt as the request carried it): it hashes only the *first* chunk,
+  asks the tenant's SHARDS sampler whether that root is sampled, and queues the request. Everything it could
+  refuse is counted in `kvgate_reuse_trace_requests_total{tenant,outcome}`.
 - `run`, an owned background task, hashes the rest of each queued chain (yielding to the event loop every
   CHUNKS_PER_SLICE fingerprints, so a long prompt's chain never holds every stream's next event back for long),
   and writes records to the store in batches; it also applies the tenants' retention and the erasures that

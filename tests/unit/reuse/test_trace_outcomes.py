@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from hypothesis import given, settings
@@ -187,14 +188,28 @@ def test_a_long_chain_hashed_in_slices_is_the_chain_hashed_at_once_and_lets_the_
     asyncio.run(run())
 
 
+class MidChain(NamedTuple):
+    """A trace whose background hashing of one long chain has done its first slice and yielded."""
+
+    trace: ReuseTrace
+    storage: Storage
+    tasks: TaskSupervisor
+    hashing: asyncio.Task[None]
+
+
+async def mid_chain(tmp_path: Path) -> MidChain:
+    trace, storage, _ = await new_trace(tmp_path)
+    tasks = TaskSupervisor("trace-mid-chain-test")
+    trace.observe(finished(1, PromptParts(LONG_IDS), USAGE))
+    hashing = tasks.spawn(trace.hash_pending(), "hash")
+    await asyncio.sleep(0)  # the chain's first slice is hashed, the job out of the queue
+    assert not hashing.done()
+    return MidChain(trace, storage, tasks, hashing)
+
+
 def test_a_chain_hashed_while_its_epoch_is_erased_is_not_recorded(tmp_path: Path) -> None:
     async def run() -> None:
-        trace, storage, _ = await new_trace(tmp_path)
-        tasks = TaskSupervisor("trace-erase-test")
-        trace.observe(finished(1, PromptParts(LONG_IDS), USAGE))
-        hashing = tasks.spawn(trace.hash_pending(), "hash")
-        await asyncio.sleep(0)  # the chain's first slice is hashed, the job out of the queue
-        assert not hashing.done()
+        trace, storage, tasks, hashing = await mid_chain(tmp_path)
         trace.on_policies(policy_set(epoch=2))  # `tenant forget` comes into force mid-chain
         await hashing
         await trace.flush()
@@ -207,12 +222,7 @@ def test_a_chain_hashed_while_its_epoch_is_erased_is_not_recorded(tmp_path: Path
 
 def test_a_chain_stopped_mid_way_goes_back_to_the_queue_and_is_written_at_close(tmp_path: Path) -> None:
     async def run() -> None:
-        trace, storage, _ = await new_trace(tmp_path)
-        tasks = TaskSupervisor("trace-stop-test")
-        trace.observe(finished(1, PromptParts(LONG_IDS), USAGE))
-        hashing = tasks.spawn(trace.hash_pending(), "hash")
-        await asyncio.sleep(0)
-        assert not hashing.done()
+        trace, storage, tasks, _ = await mid_chain(tmp_path)
         await tasks.close()  # the writer is cancelled at a yield, as at shutdown
         await trace.close()
         records = await trace.store.read("acme", None)

@@ -3,7 +3,7 @@
 Four measurements, for bodies of 1k, 8k, 32k and 128k tokens (about 5 bytes per token, as a tokenizer sees English
 words) on four routes: `chat` (a system message and one long user message), `chat-turns` (the same tokens as a
 conversation of 100 messages, in lines of twelve words), `completions`, and `completions-ids` (the prompt as a list
-of token ids, as clients that tokenize for themselves send it: about 7.6 bytes per token); the first, second and
+of token ids, as clients that tokenize for themselves send it: about 7.3 bytes per token); the first, second and
 fourth by default, the third alone with `--compare`:
 
 * **Served.** One `kvgate serve` (every feature on, info logging) in front of the fast upstream, requests sent one

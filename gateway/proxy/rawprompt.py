@@ -139,7 +139,7 @@ def _repaired_head(raw: msgspec.Raw, size: int, mark: bytes) -> _Repaired | None
     if len(raw) <= size:
         return None
     head = bytes(memoryview(raw)[:size])
-    inside, skeleton = _cut_state(head)
+    skeleton, inside = json_skeleton(head)
     if not inside:
         return _head_to_last_comma(head)
     closers = _closers(skeleton)
@@ -205,7 +205,7 @@ def _head_to_last_comma(head: bytes) -> _Repaired | None:
     cut = head.rfind(b",")
     if cut < 0:
         return None
-    inside, skeleton = _cut_state(head[:cut])
+    skeleton, inside = json_skeleton(head[:cut])
     closers = None if inside else _closers(skeleton)  # a comma inside a string: not repaired
     if closers is None:
         return None
@@ -214,12 +214,6 @@ def _head_to_last_comma(head: bytes) -> _Repaired | None:
     except msgspec.DecodeError:  # e.g. an object cut after a key: the caller decodes the whole value
         return None
     return _Repaired(value, closers, cut, string_cut=False)
-
-
-def _cut_state(head: bytes) -> tuple[bool, bytes]:
-    """Whether a JSON prefix ends inside a string, and its brackets and commas outside strings."""
-    skeleton, inside = json_skeleton(head)
-    return inside, skeleton
 
 
 def _closers(skeleton: bytes) -> bytes | None:

@@ -125,7 +125,7 @@ def exact_head_parts(request: dict[str, Any], size: int) -> tuple[PromptParts, i
 
 def fingerprints(key: bytes, prompt: str | list[int], block_size: int, chars_per_token: float) -> list[bytes]:
     """The chained fingerprints of every whole chunk of the prompt (a partial last chunk is not cached by vLLM)."""
-    return _chain(key, prompt_chunks(prompt, block_size, chars_per_token, MAX_CHUNKS))
+    return continued_chain(key, prompt_chunks(prompt, block_size, chars_per_token, MAX_CHUNKS))
 
 
 def chunk_units(prompt: str | list[int], block_size: int, chars_per_token: float) -> int:
@@ -141,13 +141,9 @@ def prompt_chunks(prompt: str | list[int], block_size: int, chars_per_token: flo
     return _text_chunks(prompt, size, limit)
 
 
-def continued_chain(key: bytes, chunks: Sequence[bytes], previous: bytes) -> list[bytes]:
-    """The fingerprints of `chunks` continuing a chain whose last fingerprint is `previous` (b"" to start one): a
+def continued_chain(key: bytes, chunks: Sequence[bytes], previous: bytes = b"") -> list[bytes]:
+    """The fingerprints of `chunks` continuing a chain whose last fingerprint is `previous` (b"": a new chain); a
     chain hashed in parts equals the chain hashed at once."""
-    return _chain(key, chunks, previous)
-
-
-def _chain(key: bytes, chunks: Sequence[bytes], previous: bytes = b"") -> list[bytes]:
     # A keyed BLAKE2b state is set up once and copied per chunk: the same digests as hashing each
     # `previous + chunk` with the key, without redoing the key block for every chunk.
     keyed = hashlib.blake2b(digest_size=FINGERPRINT_BYTES, key=key[:64])

@@ -12,8 +12,9 @@ Split in two so the request path stays cheap (loadtests/reuse_trace_cost.py meas
   `tenant forget` asks for.
 
 Bounded memory: at most `max_pending` queued requests holding at most `max_pending_units` prompt characters
-or tokens, at most `max_records_pending` records awaiting a write, and per tenant a sampler of at most
-`max_roots` roots. Nothing here keeps text after the chain is computed; salts are never read.
+or tokens (a token-id list still kept as JSON text counts one token per two bytes of it, the most it can hold),
+at most `max_records_pending` records awaiting a write, and per tenant a sampler of at most `max_roots` roots.
+Nothing here keeps text after the chain is computed; salts are never read.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import hashlib
 import hmac
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import msgspec
@@ -36,11 +37,15 @@ from gateway.policy.loader import PolicySet
 from gateway.proxy.sse import Usage
 from gateway.reuse.fingerprint import (
     MAX_CHUNKS,
+    KeptIds,
     PromptParts,
     continued_chain,
     fingerprints,
+    id_pieces,
+    parts_of,
     prompt_chunks,
     tenant_trace_key,
+    token_chunks,
 )
 from gateway.reuse.record import TraceRecord
 from gateway.reuse.sampling import CharsPerToken, ShardsSampler, root_value
@@ -94,7 +99,7 @@ class FinishedRequest(msgspec.Struct, frozen=True):
     tenant: str
     epoch: int  # the tenant's salt epoch the request ran under
     pool: str
-    parts: PromptParts | None  # references into the request body; None when it had no prompt to read
+    parts: PromptParts | KeptIds | None  # references into the request body; None when it had no prompt to read
     usage: Usage | None
     user: str | None = None  # given only for tenants whose cache is isolated per end user
     caps: TransferCaps = (None, None)  # (max_offload_tokens, max_load_tokens) as sent upstream
@@ -107,8 +112,8 @@ class Job(msgspec.Struct, frozen=True):
     tenant: str
     pool: str
     epoch: int
-    prompt: PromptParts  # references into the request body; rendered and hashed in the background
-    length: int  # tokens or characters
+    prompt: PromptParts | KeptIds  # references into the request body; rendered and hashed in the background
+    length: int  # tokens or characters (at most, for a token-id list kept as JSON text)
     usage: Usage
     units: int
     chars_per_token: float
@@ -181,7 +186,7 @@ class ReuseTrace:
         if usage is None or usage.prompt_tokens <= 0:
             return "no_usage"
         state = self._tenant(request.tenant)
-        text = parts.ids is None
+        text = parts.is_text
         if text:  # observed first: a tenant's very first text request is already cut at its own ratio
             state.chars_per_token.observe(length, usage.prompt_tokens)
         chars_per_token = state.chars_per_token.current
@@ -246,21 +251,47 @@ class ReuseTrace:
                 raise
             # A `tenant forget` may have come into force while this chain was being hashed (the loop ran
             # meanwhile): its erasure already went over the queue and the records, so this one is dropped here.
-            if job.epoch >= self._epochs.get(job.tenant, job.epoch):
+            if chain and job.epoch >= self._epochs.get(job.tenant, job.epoch):
                 self._records.append(self._record(job, chain))
         self._bound_records()
 
     async def _chain(self, job: Job, slices: WorkSlices) -> list[bytes]:
-        chunks = prompt_chunks(job.prompt.whole(), self.settings.block_tokens, job.chars_per_token, MAX_CHUNKS)
+        prompt: PromptParts | None
+        if isinstance(job.prompt, KeptIds):
+            pieces = id_pieces(job.prompt.raw)
+            if pieces is not None:
+                return await self._piecewise_chain(job.key, pieces, slices)
+            prompt = parts_of(job.prompt)
+            if prompt is None:
+                return []
+        else:
+            prompt = job.prompt
+        chunks = prompt_chunks(prompt.whole(), self.settings.block_tokens, job.chars_per_token, MAX_CHUNKS)
+        return await _extended([], job.key, chunks, slices)
+
+    async def _piecewise_chain(self, key: bytes, pieces: Iterator[list[object]], slices: WorkSlices) -> list[bytes]:
+        """The chain of a kept token-id list, decoded a piece at a time with the hashing: never all of its ids as
+        Python integers at once, and never the whole decode between two yields."""
+        block = self.settings.block_tokens
         chain: list[bytes] = []
-        while len(chain) < len(chunks):
-            part = chunks[len(chain):len(chain) + await slices.room()]
-            chain += continued_chain(job.key, part, chain[-1] if chain else b"")
-            slices.spent(len(part))
+        left: list[object] = []  # the ids after the last whole block, carried to the next piece
+        try:
+            while len(chain) < MAX_CHUNKS:
+                await slices.room()
+                piece = next(pieces, None)
+                if piece is None:
+                    break
+                ids = left + piece if left else piece
+                chunks = token_chunks(ids, block, MAX_CHUNKS - len(chain))
+                left = ids[len(chunks) * block:]
+                slices.spent(len(chunks))  # the decode, counted like hashing as much
+                chain = await _extended(chain, key, chunks, slices)
+        except msgspec.DecodeError:  # a number beyond float range (which an engine refuses): the chain ends before it
+            pass
         return chain
 
     def _record(self, job: Job, chain: list[bytes]) -> TraceRecord:
-        text = job.prompt.ids is None
+        text = job.prompt.is_text
         per_chunk = job.units * job.usage.prompt_tokens / job.length if text else float(job.units)
         return TraceRecord(ts=job.ts, tenant=job.tenant, pool=job.pool, epoch=job.epoch,
                            prompt_tokens=job.usage.prompt_tokens, cached_tokens=job.usage.cached_tokens,
@@ -312,3 +343,14 @@ class ReuseTrace:
     async def close(self) -> None:
         """Write what is still held (the store belongs to the process's Storage). Call after `run` is cancelled."""
         await self.flush()
+
+
+async def _extended(chain: list[bytes], key: bytes, chunks: list[bytes], slices: WorkSlices) -> list[bytes]:
+    """`chain` continued over `chunks`, hashed a slice at a time."""
+    done = 0
+    while done < len(chunks):
+        part = chunks[done:done + await slices.room()]
+        chain += continued_chain(key, part, chain[-1] if chain else b"")
+        slices.spent(len(part))
+        done += len(part)
+    return chain

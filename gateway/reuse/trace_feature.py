@@ -9,7 +9,7 @@ from gateway.log import get_logger
 from gateway.outcomes import Outcome
 from gateway.proxy.features import Call, Finish, RequestFeature
 from gateway.proxy.record import Exchange
-from gateway.reuse.fingerprint import canonical_parts
+from gateway.reuse.fingerprint import trace_parts
 from gateway.reuse.trace import FinishedRequest, ReuseTrace, TransferCaps
 from gateway.routes import Kind
 
@@ -36,7 +36,7 @@ class ReuseTraceFeature(RequestFeature):
         tenant = call.tenant
         user = call.user if tenant.cache.isolation == "user" else None  # users whose blocks are never shared
         try:
-            parts = canonical_parts(request)
+            parts = trace_parts(request, self.trace.settings.block_tokens)
             self.trace.observe(FinishedRequest(tenant.tenant, tenant.cache.salt_epoch, call.pool_name, parts, ex.usage,
                                                user, transfer_caps(request)))
         except Exception as error:  # the reply is already sent: a body the renderer cannot walk, or a trace bug,

@@ -42,7 +42,7 @@ class Stack:
 def _stack(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[Stack]:
     sim_port, gateway_port = free_port(), free_port()
     policies = PolicyDir(tmp_path / "policies", {"main": {"upstreams": [f"http://127.0.0.1:{sim_port}"]}})
-    for tenant in ("acme", "globex", "forgetme", "longdoc"):
+    for tenant in ("acme", "globex", "forgetme", "longdoc", "longids"):
         policies.add_tenant(tenant)
     policies.add_tenant("peruser", cache={"isolation": "user"})
     policies.add_tenant("brief", offload={"retention_seconds": 2})
@@ -126,6 +126,28 @@ def test_long_prompts_forwarded_as_json_text_are_traced_after_the_reply(stack: S
     assert _common_prefix(first.fingerprint_list(), second.fingerprint_list()) == len(doc) // 16 < second.chunks
     assert first.prompt_tokens == len((doc + " first question?").encode())
     assert chat.text and chat.chunks > 0
+
+
+def test_long_token_id_lists_are_traced_alike_in_any_serialisation(stack: Stack) -> None:
+    """A token-id list past RAW_PROMPT_BYTES stays JSON text; the trace samples it from its head after the reply and
+    decodes it a piece at a time in the background. Written compactly, with spaces or one id a line (the last too
+    wide for its head, so decoded whole), the same ids give the same chain, exactly one fingerprint a block."""
+    shared = [(i * 7919) % 30_000 + 3 for i in range(2_500)]
+    ids = shared + list(range(5, 5 + 1_000))
+    bodies = [json.dumps({"model": "m", "prompt": ids, "max_tokens": 1}, separators=(",", ":")),
+              json.dumps({"model": "m", "prompt": ids, "max_tokens": 1}),
+              json.dumps({"model": "m", "prompt": [*shared, *range(9, 9 + 600)], "max_tokens": 1}),
+              '{"model": "m", "max_tokens": 1, "prompt": [' + ",".join(f"\n{i:>40}" for i in ids) + "]}"]
+    headers = {**bearer(stack.policies.keys["longids"]), "content-type": "application/json"}
+    for body in bodies:
+        assert len(body) > 2 * RAW_PROMPT_BYTES
+        reply = httpx.post(f"{stack.url}/v1/completions", content=body, headers=headers, timeout=30)
+        assert reply.status_code == 200, reply.text
+    compact, spaced, other, wide = wait_records(stack.state, "longids", 4)
+    assert compact.chain == spaced.chain == wide.chain
+    assert (compact.text, compact.prompt_tokens, compact.chunks) == (False, len(ids), len(ids) // 16)
+    assert _common_prefix(compact.fingerprint_list(), other.fingerprint_list()) == len(shared) // 16
+    assert other.chunks == (len(shared) + 600) // 16
 
 
 def test_per_user_isolation_keeps_users_apart(stack: Stack) -> None:

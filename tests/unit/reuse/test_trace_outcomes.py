@@ -5,6 +5,7 @@ text), per-user keys, erasure on a raised salt epoch, and the fingerprint chain'
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import NamedTuple
 
@@ -15,8 +16,18 @@ from prometheus_client import CollectorRegistry
 
 from gateway.policy.loader import PolicySet
 from gateway.policy.model import CachePolicy, GatewayConfig, TenantPolicy
+from gateway.proxy.rawprompt import decode_request
 from gateway.proxy.sse import Usage
-from gateway.reuse.fingerprint import FINGERPRINT_BYTES, PromptParts, fingerprints, tenant_trace_key
+from gateway.reuse import fingerprint
+from gateway.reuse.fingerprint import (
+    FINGERPRINT_BYTES,
+    KeptIds,
+    PromptParts,
+    fingerprints,
+    kept_ids,
+    tenant_trace_key,
+    trace_parts,
+)
 from gateway.reuse.record import TraceRecord, encode_record
 from gateway.reuse.store import SqliteTraceStore
 from gateway.reuse.trace import FinishedRequest, ReuseTrace, TraceMetrics, TraceSettings, TransferCaps
@@ -43,7 +54,7 @@ async def new_trace(tmp_path: Path, **changes: object) -> tuple[ReuseTrace, Stor
     return ReuseTrace(store, SECRET, trace_settings, TraceMetrics(registry), lambda: current), storage, registry
 
 
-def finished(epoch: int, parts: PromptParts | None, usage: Usage | None, user: str | None = None,
+def finished(epoch: int, parts: PromptParts | KeptIds | None, usage: Usage | None, user: str | None = None,
              caps: TransferCaps = (None, None)) -> FinishedRequest:
     return FinishedRequest("acme", epoch, "p", parts, usage, user, caps)
 
@@ -252,3 +263,93 @@ def test_prompts_share_exactly_the_fingerprints_of_their_shared_whole_blocks(sha
 def test_fingerprints_are_keyed_per_tenant() -> None:
     assert fingerprints(KEY, IDS, 16, 4.0) != fingerprints(tenant_trace_key(SECRET, "beta"), IDS, 16, 4.0)
     assert fingerprints(KEY, IDS, 16, 4.0) != fingerprints(tenant_trace_key(b"another" * 5, "acme"), IDS, 16, 4.0)
+
+
+def kept_request(text: str) -> dict[str, object]:
+    """The request as the gateway's rewrite holds it: a prompt of 64 bytes or more kept as its JSON text."""
+    return decode_request(f'{{"model": "m", "prompt": {text}}}'.encode(), raw_from=64)
+
+
+SERIALISATIONS = {  # how clients may write the same list
+    "compact": lambda ids: json.dumps(ids, separators=(",", ":")),
+    "spaced": lambda ids: json.dumps(ids),
+    "indented": lambda ids: json.dumps(ids, indent=1),
+    "padded": lambda ids: "[ " + " ,\n\t".join(map(str, ids)) + " ]",
+    "wide": lambda ids: "[" + ",".join(f"{i}{' ' * 40}" for i in ids) + "]",  # the head shows no whole block
+}
+
+
+async def recorded_chain(tmp_path: Path, parts: PromptParts | KeptIds, count: int) -> bytes:
+    trace, storage, _ = await new_trace(tmp_path)
+    assert trace.observe(finished(1, parts, Usage(prompt_tokens=count))) == "sampled"
+    await trace.flush()
+    records = await trace.store.read("acme", None)
+    await storage.close()
+    return records[0].chain
+
+
+@settings(max_examples=30, deadline=None)
+@given(ids=st.lists(st.one_of(st.integers(0, 200_000), st.integers(-5, 2**40)), min_size=140, max_size=700),
+       style=st.sampled_from(sorted(SERIALISATIONS)), piece_bytes=st.sampled_from([8, 64, 300, 16 * 1024]))
+def test_a_token_id_list_kept_as_json_text_is_chained_as_the_decoded_list(
+        tmp_path_factory: pytest.TempPathFactory, ids: list[int], style: str, piece_bytes: int) -> None:
+    """Sampled from its head, decoded in the background a piece at a time (pieces of any size, cut at commas, the
+    ids after the last whole block carried over): the same chain as the whole list, in any serialisation."""
+    request = kept_request(SERIALISATIONS[style](ids))  # 140 ids: past the 256 bytes of head read for 16 ids
+    parts = trace_parts(request, 16)
+    assert parts is not None
+    assert isinstance(parts, KeptIds) == (style != "wide")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fingerprint, "ID_PIECE_BYTES", piece_bytes)
+        chain = asyncio.run(recorded_chain(tmp_path_factory.mktemp("kept"), parts, len(ids)))
+    assert chain == b"".join(fingerprints(KEY, ids, 16, 4.0))
+
+
+@pytest.mark.parametrize("text", [
+    json.dumps([*range(200), "a,b,c,d,e,f,g,h,i,j,k,l,m,n", 7, *range(20)]),  # a string may hold commas
+    json.dumps([*range(200), [1, 2], {"a": 1}, *range(20)]),
+])
+def test_a_kept_list_that_is_not_numbers_alone_is_decoded_whole(tmp_path: Path, text: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    parts = kept_ids(kept_request(text), 16)
+    assert isinstance(parts, KeptIds)
+    monkeypatch.setattr(fingerprint, "ID_PIECE_BYTES", 8)  # pieces cut at commas would cut the string in two
+    chain = asyncio.run(recorded_chain(tmp_path, parts, 222))
+    assert chain == b"".join(fingerprints(KEY, json.loads(text), 16, 4.0))
+
+
+def test_a_sampled_token_id_list_waits_as_its_json_text_not_as_python_integers(tmp_path: Path) -> None:
+    """The request path reads the first block from the head: the list is decoded only in the background, and only
+    for a sampled request; the queue counts it by an upper bound on its ids (one per two bytes)."""
+    async def run() -> None:
+        trace, storage, _ = await new_trace(tmp_path)
+        text = json.dumps(LONG_IDS)
+        request = kept_request(text)
+        assert trace.observe(finished(1, trace_parts(request, 16), USAGE)) == "sampled"
+        (job,) = trace._jobs
+        assert isinstance(job.prompt, KeptIds) and job.prompt.raw is request["prompt"]
+        assert job.length == (len(text) + 1) // 2 >= len(LONG_IDS)
+        await storage.close()
+
+    asyncio.run(run())
+
+
+def test_a_kept_list_decoded_piece_by_piece_lets_the_loop_run(tmp_path: Path) -> None:
+    async def run() -> None:
+        trace, storage, _ = await new_trace(tmp_path)
+        tasks = TaskSupervisor("trace-pieces-test")
+        assert trace.observe(finished(1, kept_ids(kept_request(json.dumps(LONG_IDS)), 16), USAGE)) == "sampled"
+        hashing = tasks.spawn(trace.hash_pending(), "hash")
+        turns_while_hashing = 0
+        while not hashing.done():
+            await asyncio.sleep(0)  # the only thing this test waits on: a turn of the event loop
+            turns_while_hashing += not hashing.done()
+        await hashing
+        await trace.flush()
+        records = await trace.store.read("acme", None)
+        assert [record.chain for record in records] == [b"".join(fingerprints(KEY, LONG_IDS, 16, 4.0))]
+        assert turns_while_hashing >= 4  # 600 blocks of ids decoded and hashed: the loop ran in between
+        await tasks.close()
+        await storage.close()
+
+    asyncio.run(run())

@@ -4,12 +4,15 @@
 # network, so everything it needs travels in the carried stage folder:
 #   bash scripts/gpu/perf_stage.sh            # here: wheels for Python 3.12 + nginx .debs into .stage/perf
 #   carry [".stage/perf"]; command: bash scripts/gpu/perf.sh STEP [STEP ...]
-# Steps (each writes into $OUT): check, overhead, before, events, prompt, prompt-before, idle, workers, contention, clients, shadow. Core sets below
-# keep the process under test on its own cores, away from the upstream and the load generators.
+# Steps (each writes into $OUT): check, overhead, before, events, prompt, prompt-before, hold, hold-before, idle, workers,
+# contention, clients, shadow. Core sets below keep the process under test on its own cores, away from the upstream
+# and the load generators.
 #   before: the overhead benchmark with an earlier tree's gateway/ and loadtests/ (BEFORE, default .stage/before,
 #           made with `git archive <commit> gateway loadtests | tar -x -C .stage/before`; carry it too)
 #   prompt-before: the prompt-size benchmark with the BEFORE tree's gateway/ and loadtests/ (PROMPT_ARGS too);
 #           alternate it with `prompt` (e.g. `prompt-before prompt prompt-before prompt`), each round its own file
+#   hold, hold-before: how long the reuse trace holds the event loop (loadtests/trace_hold.py; HOLD_ARGS), this
+#           tree and the BEFORE tree (give BEFORE this tree's loadtests/ to compare the finish, which older ones lack)
 #   events: the overhead benchmark at c=32 with one token per answer (EVENTS_ARGS), to split the per-request
 #           cost into its fixed part and its per-event part against the 64-token run
 #   contention: how much slower one core runs the same Python work while 1, 3, 7, 15 other cores do too
@@ -60,6 +63,13 @@ step() {
       round=$(next_round prompt-before)
       (cd "${BEFORE:-.stage/before}" && PYTHONPATH=/tmp/site:$PWD python3 -m loadtests.prompt_size \
         --out "$OUT/prompt-before$round.json" ${PROMPT_ARGS:-} 2>&1 | tee "$OUT/prompt-before$round.log") ;;
+    hold)
+      round=$(next_round hold)
+      python3 -m loadtests.trace_hold --out "$OUT/hold$round.json" ${HOLD_ARGS:-} 2>&1 | tee "$OUT/hold$round.log" ;;
+    hold-before)
+      round=$(next_round hold-before)
+      (cd "${BEFORE:-.stage/before}" && PYTHONPATH=/tmp/site:$PWD python3 -m loadtests.trace_hold \
+        --out "$OUT/hold-before$round.json" ${HOLD_ARGS:-} 2>&1 | tee "$OUT/hold-before$round.log") ;;
     workers)
       python3 -m loadtests.workers_scaling --out "$OUT/workers" ${WORKERS_ARGS:-} 2>&1 | tee "$OUT/workers.log" ;;
     contention)

@@ -153,7 +153,8 @@ class GatewayMetrics:
             "kvgate_request_duration_seconds", "Arrival at the gateway to the last byte sent.",
             ["tenant", "pool", "route"], buckets=DURATION_BUCKETS, registry=registry)
         self.overhead = Histogram(
-            "kvgate_overhead_seconds", "Time the gateway itself adds before upstream and before replying.",
+            "kvgate_overhead_seconds", "Time the gateway itself adds before upstream and before replying (not the wait "
+            "for a client's body).",
             ["route"], buckets=OVERHEAD_BUCKETS, registry=registry)
         self.prompt_tokens = Counter(
             "kvgate_prompt_tokens", "Prompt tokens reported by upstream usage.", ["tenant", "pool"],

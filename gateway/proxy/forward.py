@@ -144,7 +144,7 @@ class Proxy:
         self, ex: Exchange, admitted: Admitted, inbound: Inbound, finishes: list[Finish]
     ) -> tuple[Call, Outbound]:
         route, scope = admitted.route, inbound.scope
-        body = await self._body(scope, inbound.receive, route, admitted.policies)
+        body, ex.body_wait_s = await self._body(scope, inbound.receive, route, admitted.policies)
         if admitted.readmit is not None:
             # A slow body may outlast a reload: the request goes upstream under the set in force when it arrived,
             # never under an erased salt epoch or a key that was revoked meanwhile.
@@ -172,24 +172,31 @@ class Proxy:
         sent_body = body if scope["method"] == "POST" else None
         return call, Outbound(scope["method"], candidates, target, headers, sent_body)
 
-    async def _body(self, scope: Scope, receive: Receive, route: RouteSpec, policies: PolicySet) -> bytes:
+    async def _body(
+        self, scope: Scope, receive: Receive, route: RouteSpec, policies: PolicySet
+    ) -> tuple[bytes, float]:
+        """The request body, and how long the gateway waited for the client to send the rest of it (seconds): that
+        wait is the client's upload, not the gateway's overhead."""
         if scope["method"] != "POST":
-            return b""
+            return b"", 0.0
         content_type = (header(scope, b"content-type") or b"").split(b";")[0].strip().lower()
         if content_type != JSON_TYPE:
             raise UnsupportedMediaType("The request body must be JSON (Content-Type: application/json).")
         # A body the server already holds (the usual case: it came with the head) is read here without a timer.
         reading = run_for_result(read_body(scope, receive, policies.gateway.max_body_bytes))
+        waited = 0.0
         if isinstance(reading, Ready):
             body = reading.value
         else:
+            began = time.perf_counter()
             try:
                 async with asyncio.timeout(self.body_timeout_s):
                     body = await reading
             except TimeoutError:
                 raise RequestTimeout(f"The request body did not arrive within {self.body_timeout_s:g} s.") from None
+            waited = time.perf_counter() - began
         check_json_shape(body, self.json_limits)
-        return body
+        return body, waited
 
     def _prepare(self, body: bytes, route: RouteSpec, tenant: TenantPolicy, scope: Scope) -> RewrittenRequest | None:
         if route.kind is Kind.FORWARD:
@@ -207,8 +214,7 @@ class Proxy:
             await self._relay_with_miss_path(relaying, outbound, self.miss_path)
             return
         ex = relaying.ex
-        ex.sent_at = time.perf_counter()
-        ex.overhead_s = ex.sent_at - ex.started
+        mark_sent(ex, first=True)
         with upstream_errors(ex.pool):
             ex.upstream, response = await open_first_reachable(self.client, self.health, outbound)
         try:
@@ -251,9 +257,7 @@ class Proxy:
     ) -> Failure | None:
         """Send once; relay the answer unless it failed before its first content (then say how)."""
         ex = relaying.ex
-        ex.sent_at = time.perf_counter()
-        if first:  # the gateway's own overhead is measured up to the first send; retries are upstream time
-            ex.overhead_s = ex.sent_at - ex.started
+        mark_sent(ex, first)
         try:
             with upstream_errors(ex.pool):
                 ex.upstream, response = await open_first_reachable(self.client, self.health, outbound)
@@ -586,3 +590,11 @@ def stream_error_event(route: RouteSpec, message: str) -> bytes:
     if route.stream is StreamStyle.RESPONSES:
         return b"event: error\ndata: " + error + b"\n\n"
     return b"data: " + error + b"\n\ndata: [DONE]\n\n"
+
+
+def mark_sent(ex: Exchange, first: bool) -> None:
+    """The upstream request leaves now. The gateway's own overhead is measured up to the first send (a retry's
+    time is upstream time), less the wait for the client to send the rest of its body (its upload)."""
+    ex.sent_at = time.perf_counter()
+    if first:
+        ex.overhead_s = ex.sent_at - ex.started - ex.body_wait_s

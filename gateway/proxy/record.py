@@ -30,7 +30,8 @@ class Exchange:
     pool: str = NO_POOL
     upstream: str = ""
     status: int = 0
-    overhead_s: float = 0.0
+    overhead_s: float = 0.0  # the gateway's own time before upstream and before replying, body_wait_s left out
+    body_wait_s: float = 0.0  # waiting for the client to send the rest of its body (its upload, not overhead)
     ttft_s: float | None = None
     duration_s: float = 0.0
     usage: Usage | None = None
@@ -148,6 +149,8 @@ def log_fields(exchange: Exchange) -> dict[str, object]:
 
 def _add_optional(exchange: Exchange, fields: dict[str, object]) -> None:
     """Fields that only some requests have, left out of the others' log lines."""
+    if exchange.body_wait_s:
+        fields["body_wait_ms"] = _ms(exchange.body_wait_s)
     if exchange.admission is not None:
         fields["admission"] = exchange.admission
     if exchange.miss_path is not None:

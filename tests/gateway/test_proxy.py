@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import time
 
 import httpx
@@ -12,6 +13,7 @@ import pytest
 
 from tests.gateway.conftest import SIM_MODEL, UPSTREAM_KEY, Stack
 from tests.harness import expected_salt
+from tests.sim.helpers import poll
 
 LONG_PROMPT = " ".join(f"word{index}" for index in range(600))
 
@@ -44,6 +46,32 @@ def test_chat_non_streaming_with_openai_client(stack: Stack) -> None:
     seen = stack.sim_request(request_id)
     assert seen["cache_salt"] == expected_salt(stack.secret, "acme")
     assert not seen["stream_options_present"]
+
+
+PAUSE_S = 2.0
+
+
+def test_waiting_for_a_slow_client_s_body_is_not_counted_as_the_gateway_s_overhead(stack: Stack) -> None:
+    """A client that stops half-way through its body: the gateway's wait for the rest is the client's upload, logged
+    as `body_wait_ms`; the overhead header, log field and histogram keep the gateway's own time only."""
+    body = json.dumps({"model": SIM_MODEL, "prompt": "an upload that stalls", "max_tokens": 2}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {stack.key('acme')}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", stack.gateway.port), timeout=30) as sock:
+        sock.sendall(head + body[:10])
+        time.sleep(PAUSE_S)  # the fault injected: the client stalls mid-body (nothing here waits on the gateway)
+        sock.sendall(body[10:])
+        answer = b"".join(iter(lambda: sock.recv(65536), b""))
+    status_line, *header_lines = answer.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
+    assert status_line.split(" ")[1] == "200"
+    headers = dict(line.lower().split(": ", 1) for line in header_lines)
+    entry = poll(lambda: next((json.loads(line) for line in stack.gateway.log_text().splitlines()
+                               if headers["x-request-id"] in line and '"event":"request"' in line), None),
+                 what="the request's log line")
+    # The rest of the body left the client PAUSE_S after the head: the gateway cannot have had it sooner.
+    assert entry["body_wait_ms"] >= PAUSE_S * 1000 / 2
+    assert float(headers["x-kvgate-overhead-ms"]) < entry["body_wait_ms"]
+    assert entry["overhead_ms"] < entry["body_wait_ms"]
 
 
 def test_chat_streaming_with_openai_client_hides_usage_it_did_not_ask_for(stack: Stack) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -178,11 +179,22 @@ def test_a_request_that_finishes_after_the_erasure_is_not_recorded_under_the_era
 LONG_IDS = list(range(3, 3 + 16 * 600))  # 600 whole blocks: more than two slices of the background hashing
 
 
-def test_a_long_chain_hashed_in_slices_is_the_chain_hashed_at_once_and_lets_the_loop_run(tmp_path: Path) -> None:
+def kept_request(text: str) -> dict[str, object]:
+    """The request as the gateway's rewrite holds it: a prompt of 64 bytes or more kept as its JSON text."""
+    return decode_request(f'{{"model": "m", "prompt": {text}}}'.encode(), raw_from=64)
+
+
+@pytest.mark.parametrize(("make_parts", "turns"), [
+    (lambda: PromptParts(LONG_IDS), 2),  # 600 fingerprints: the loop ran twice before the chain was done
+    # A token-id list kept as JSON text: its 600 blocks are decoded and hashed, the loop running in between.
+    (lambda: kept_ids(kept_request(json.dumps(LONG_IDS)), 16), 4),
+], ids=["decoded", "kept-as-json-text"])
+def test_a_long_chain_hashed_in_slices_is_the_chain_hashed_at_once_and_lets_the_loop_run(
+        tmp_path: Path, make_parts: Callable[[], PromptParts | KeptIds | None], turns: int) -> None:
     async def run() -> None:
         trace, storage, _ = await new_trace(tmp_path)
         tasks = TaskSupervisor("trace-slices-test")
-        assert trace.observe(finished(1, PromptParts(LONG_IDS), USAGE)) == "sampled"
+        assert trace.observe(finished(1, make_parts(), USAGE)) == "sampled"
         hashing = tasks.spawn(trace.hash_pending(), "hash")
         turns_while_hashing = 0
         while not hashing.done():
@@ -192,7 +204,7 @@ def test_a_long_chain_hashed_in_slices_is_the_chain_hashed_at_once_and_lets_the_
         await trace.flush()
         records = await trace.store.read("acme", None)
         assert [record.chain for record in records] == [b"".join(fingerprints(KEY, LONG_IDS, 16, 4.0))]
-        assert turns_while_hashing >= 2  # 600 fingerprints: the loop ran twice before the chain was done
+        assert turns_while_hashing >= turns
         await tasks.close()
         await storage.close()
 
@@ -265,11 +277,6 @@ def test_fingerprints_are_keyed_per_tenant() -> None:
     assert fingerprints(KEY, IDS, 16, 4.0) != fingerprints(tenant_trace_key(b"another" * 5, "acme"), IDS, 16, 4.0)
 
 
-def kept_request(text: str) -> dict[str, object]:
-    """The request as the gateway's rewrite holds it: a prompt of 64 bytes or more kept as its JSON text."""
-    return decode_request(f'{{"model": "m", "prompt": {text}}}'.encode(), raw_from=64)
-
-
 SERIALISATIONS = {  # how clients may write the same list
     "compact": lambda ids: json.dumps(ids, separators=(",", ":")),
     "spaced": lambda ids: json.dumps(ids),
@@ -329,27 +336,6 @@ def test_a_sampled_token_id_list_waits_as_its_json_text_not_as_python_integers(t
         (job,) = trace._jobs
         assert isinstance(job.prompt, KeptIds) and job.prompt.raw is request["prompt"]
         assert job.length == (len(text) + 1) // 2 >= len(LONG_IDS)
-        await storage.close()
-
-    asyncio.run(run())
-
-
-def test_a_kept_list_decoded_piece_by_piece_lets_the_loop_run(tmp_path: Path) -> None:
-    async def run() -> None:
-        trace, storage, _ = await new_trace(tmp_path)
-        tasks = TaskSupervisor("trace-pieces-test")
-        assert trace.observe(finished(1, kept_ids(kept_request(json.dumps(LONG_IDS)), 16), USAGE)) == "sampled"
-        hashing = tasks.spawn(trace.hash_pending(), "hash")
-        turns_while_hashing = 0
-        while not hashing.done():
-            await asyncio.sleep(0)  # the only thing this test waits on: a turn of the event loop
-            turns_while_hashing += not hashing.done()
-        await hashing
-        await trace.flush()
-        records = await trace.store.read("acme", None)
-        assert [record.chain for record in records] == [b"".join(fingerprints(KEY, LONG_IDS, 16, 4.0))]
-        assert turns_while_hashing >= 4  # 600 blocks of ids decoded and hashed: the loop ran in between
-        await tasks.close()
         await storage.close()
 
     asyncio.run(run())

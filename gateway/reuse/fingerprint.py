@@ -157,8 +157,8 @@ def parts_of(kept: KeptIds) -> PromptParts | None:
 def id_pieces(raw: msgspec.Raw) -> Iterator[list[object]] | None:
     """The items of a kept token-id list, decoded about ID_PIECE_BYTES of its text at a time (cut at commas, so
     each piece is whole items); None when the list holds a string, an object or a nested list, where a comma may
-    not separate items (the caller then decodes it whole). A piece holding a number that cannot be decoded (beyond
-    float range) raises msgspec.DecodeError."""
+    not separate items (the caller then decodes it whole). Reaching a piece with a number that cannot be decoded
+    (beyond float range) raises msgspec.DecodeError."""
     data = bytes(raw)
     opening = data.find(b"[")
     if opening < 0 or data.find(b"[", opening + 1) >= 0 or data.find(b"{") >= 0 or data.find(b'"') >= 0:

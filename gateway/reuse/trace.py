@@ -286,8 +286,8 @@ class ReuseTrace:
                 left = ids[len(chunks) * block:]
                 slices.spent(len(chunks))  # the decode, counted like hashing as much
                 chain = await _extended(chain, key, chunks, slices)
-        except msgspec.DecodeError:  # a number beyond float range (which an engine refuses): the chain ends before it
-            pass
+        except msgspec.DecodeError:  # a number beyond float range, which an engine refuses: nothing is recorded, as
+            return []  # for a prompt the finish hook cannot read
         return chain
 
     def _record(self, job: Job, chain: list[bytes]) -> TraceRecord:

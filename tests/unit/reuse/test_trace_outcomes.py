@@ -339,3 +339,21 @@ def test_a_sampled_token_id_list_waits_as_its_json_text_not_as_python_integers(t
         await storage.close()
 
     asyncio.run(run())
+
+
+def test_a_kept_list_with_a_number_no_engine_reads_is_not_recorded(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its head is sampled; the piece holding a number beyond float range cannot be decoded, and nothing is recorded
+    (as when the finish hook decoded the whole list and found no prompt), rather than a chain cut short."""
+    monkeypatch.setattr(fingerprint, "ID_PIECE_BYTES", 64)
+    text = "[" + ",".join(map(str, LONG_IDS[:200])) + ",1e400]"
+
+    async def run() -> None:
+        trace, storage, _ = await new_trace(tmp_path)
+        assert trace.observe(finished(1, trace_parts(kept_request(text), 16), USAGE)) == "sampled"
+        await trace.flush()
+        assert await trace.store.read("acme", None) == []
+        await storage.close()
+
+    asyncio.run(run())
+

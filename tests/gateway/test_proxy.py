@@ -57,6 +57,9 @@ def test_waiting_for_a_slow_client_s_body_is_not_counted_as_the_gateway_s_overhe
     body = json.dumps({"model": SIM_MODEL, "prompt": "an upload that stalls", "max_tokens": 2}).encode()
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {stack.key('acme')}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    overhead_sum = 'kvgate_overhead_seconds_sum{route="/v1/completions"}'
+    with stack.client("ops") as client:
+        summed_before = _value(client.get("/metrics").text, overhead_sum)
     with socket.create_connection(("127.0.0.1", stack.gateway.port), timeout=30) as sock:
         sock.sendall(head + body[:10])
         time.sleep(PAUSE_S)  # the fault injected: the client stalls mid-body (nothing here waits on the gateway)
@@ -72,6 +75,9 @@ def test_waiting_for_a_slow_client_s_body_is_not_counted_as_the_gateway_s_overhe
     assert entry["body_wait_ms"] >= PAUSE_S * 1000 / 2
     assert float(headers["x-kvgate-overhead-ms"]) < entry["body_wait_ms"]
     assert entry["overhead_ms"] < entry["body_wait_ms"]
+    with stack.client("ops") as client:  # this module's requests are sequential: the sum grew by this one's
+        summed = _value(client.get("/metrics").text, overhead_sum) - summed_before
+    assert 0 < summed * 1000 < entry["body_wait_ms"]
 
 
 def test_chat_streaming_with_openai_client_hides_usage_it_did_not_ask_for(stack: Stack) -> None:
@@ -279,8 +285,9 @@ def test_metrics_per_tenant(stack: Stack) -> None:
 
 
 def _value(text: str, series: str) -> float:
-    line = next(line for line in text.splitlines() if line.startswith(series + " "))
-    return float(line.rsplit(" ", 1)[1])
+    """One series' value; 0.0 while it does not exist yet."""
+    line = next((line for line in text.splitlines() if line.startswith(series + " ")), None)
+    return float(line.rsplit(" ", 1)[1]) if line is not None else 0.0
 
 
 def test_logs_never_contain_prompts_keys_or_salts(stack: Stack) -> None:

@@ -39,6 +39,18 @@ next_round() {
   [ $n -gt 1 ] && echo "-$n"
 }
 
+# One run of `python3 -m loadtests.MODULE` into $OUT/NAME.json and NAME.log (NAME-2, -3, ... for a step named again).
+numbered() {
+  local module=$1 name=$2$(next_round "$2")
+  shift 2
+  python3 -m "loadtests.$module" --out "$OUT/$name.json" "$@" 2>&1 | tee "$OUT/$name.log"
+}
+
+# A command run in the BEFORE tree, importing its gateway/ and loadtests/.
+in_before() {
+  (cd "${BEFORE:-.stage/before}" && export PYTHONPATH=/tmp/site:$PWD && "$@")
+}
+
 step() {
   case "$1" in
     check)
@@ -56,20 +68,10 @@ step() {
         --concurrency 32 --tokens 1 ${EVENTS_ARGS:-} 2>&1 | tee "$OUT/events.log" ;;
     idle)
       python3 -m loadtests.idle_memory --out "$OUT/idle.json" --runs 3 --attribute 2>&1 | tee "$OUT/idle.log" ;;
-    prompt)
-      round=$(next_round prompt)
-      python3 -m loadtests.prompt_size --out "$OUT/prompt$round.json" ${PROMPT_ARGS:-} 2>&1 | tee "$OUT/prompt$round.log" ;;
-    prompt-before)
-      round=$(next_round prompt-before)
-      (cd "${BEFORE:-.stage/before}" && PYTHONPATH=/tmp/site:$PWD python3 -m loadtests.prompt_size \
-        --out "$OUT/prompt-before$round.json" ${PROMPT_ARGS:-} 2>&1 | tee "$OUT/prompt-before$round.log") ;;
-    hold)
-      round=$(next_round hold)
-      python3 -m loadtests.trace_hold --out "$OUT/hold$round.json" ${HOLD_ARGS:-} 2>&1 | tee "$OUT/hold$round.log" ;;
-    hold-before)
-      round=$(next_round hold-before)
-      (cd "${BEFORE:-.stage/before}" && PYTHONPATH=/tmp/site:$PWD python3 -m loadtests.trace_hold \
-        --out "$OUT/hold-before$round.json" ${HOLD_ARGS:-} 2>&1 | tee "$OUT/hold-before$round.log") ;;
+    prompt) numbered prompt_size prompt ${PROMPT_ARGS:-} ;;
+    prompt-before) in_before numbered prompt_size prompt-before ${PROMPT_ARGS:-} ;;
+    hold) numbered trace_hold hold ${HOLD_ARGS:-} ;;
+    hold-before) in_before numbered trace_hold hold-before ${HOLD_ARGS:-} ;;
     workers)
       python3 -m loadtests.workers_scaling --out "$OUT/workers" ${WORKERS_ARGS:-} 2>&1 | tee "$OUT/workers.log" ;;
     contention)

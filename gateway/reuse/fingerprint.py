@@ -138,8 +138,8 @@ def kept_ids(request: dict[str, Any], block_size: int) -> KeptIds | None:
     """The prompt as `KeptIds` when it is a token-id list kept as JSON text whose head shows a whole first block;
     None otherwise (the caller then reads the prompt with `canonical_parts`)."""
     field = prompt_field(request)
-    if field is None or field == "messages":
-        return None
+    if field is None or field == "messages" or not _kept_list(request[field]):
+        return None  # a kept text prompt is read by canonical_parts alone, not its head first
     found = exact_head_parts(request, block_size * ID_HEAD_BYTES + 64)
     if found is None:
         return None
@@ -147,6 +147,11 @@ def kept_ids(request: dict[str, Any], block_size: int) -> KeptIds | None:
     if parts.ids is None or exact < block_size:
         return None
     return KeptIds(request[field], parts.ids[:block_size])
+
+
+def _kept_list(value: object) -> bool:
+    """A prompt kept as JSON text whose text is a list (msgspec.Raw starts at the value's first byte)."""
+    return isinstance(value, msgspec.Raw) and memoryview(value)[:1].tobytes() == b"["
 
 
 def parts_of(kept: KeptIds) -> PromptParts | None:

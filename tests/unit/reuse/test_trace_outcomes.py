@@ -312,6 +312,12 @@ def test_a_token_id_list_kept_as_json_text_is_chained_as_the_decoded_list(
     assert chain == b"".join(fingerprints(KEY, ids, 16, 4.0))
 
 
+def test_a_kept_text_prompt_is_read_whole_as_text() -> None:
+    """Only a kept list is read from its head; a kept string is the prompt's text, as canonical_parts reads it."""
+    parts = trace_parts(kept_request(json.dumps("a prompt, kept as its JSON text " * 40)), 16)
+    assert parts == PromptParts(None, ("a prompt, kept as its JSON text " * 40,))
+
+
 @pytest.mark.parametrize("text", [
     json.dumps([*range(200), "a,b,c,d,e,f,g,h,i,j,k,l,m,n", 7, *range(20)]),  # a string may hold commas
     json.dumps([*range(200), [1, 2], {"a": 1}, *range(20)]),
